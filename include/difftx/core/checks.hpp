@@ -1,0 +1,68 @@
+// Argument checks shared by every public entry. Each throws input_error naming
+// the entry, the argument, what was expected and what came; none writes anything.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <string_view>
+
+#include "difftx/core/error.hpp"
+#include "difftx/core/scalar_traits.hpp"
+#include "difftx/core/tensor.hpp"
+
+namespace difftx {
+
+inline void require(bool ok, std::string_view where, std::string_view argument, const std::string& expected,
+                    const std::string& got) {
+  if (!ok) throw input_error(std::string(where), std::string(argument), expected, got);
+}
+
+template <class T, std::size_t Rank>
+void require_shape(std::string_view where, std::string_view argument, const TensorView<T, Rank>& view,
+                   const shape_t<Rank>& expected) {
+  require(view.shape() == expected, where, argument, "shape " + shape_string(expected),
+          shape_string(view.shape()));
+}
+
+template <class T, std::size_t Rank>
+void require_nonempty(std::string_view where, std::string_view argument, const TensorView<T, Rank>& view) {
+  require(!view.empty() && view.data() != nullptr, where, argument, "a non-empty tensor",
+          "shape " + shape_string(view.shape()) + (view.data() ? "" : " with no data"));
+}
+
+template <class T, std::size_t Rank>
+void require_space(std::string_view where, std::string_view argument, const TensorView<T, Rank>& view,
+                   memory_space space) {
+  require(view.space() == space, where, argument, std::string(to_string(space)) + " memory",
+          std::string(to_string(view.space())) + " memory");
+}
+
+// A module input [B, N, C]: non-empty, last axis C, in the policy's memory.
+template <class T>
+void require_tokens(std::string_view where, std::string_view argument, const TensorView<T, 3>& x, index_t width,
+                    memory_space space) {
+  require_nonempty(where, argument, x);
+  require(x.extent(2) == width, where, argument, "shape [B, N, " + std::to_string(width) + "]",
+          shape_string(x.shape()));
+  require_space(where, argument, x, space);
+}
+
+// A backward's saved state must come from a forward on the same input shape.
+inline void require_saved(std::string_view where, const shape_t<3>& saved_for, const shape_t<3>& input) {
+  require(saved_for == input, where, "saved", "the saved state of a forward on x " + shape_string(input),
+          saved_for == shape_t<3>{} ? std::string("a state no forward has filled")
+                                    : "the state of a forward on x " + shape_string(saved_for));
+}
+
+// Throws if any element is NaN or infinite (host memory), naming the first one.
+template <class T, std::size_t Rank>
+void require_finite(std::string_view where, std::string_view argument, const TensorView<T, Rank>& view) {
+  require_space(where, argument, view, memory_space::host);
+  const auto* data = view.data();
+  for (index_t i = 0; i < view.size(); ++i) {
+    const double x = scalar_traits<std::remove_const_t<T>>::to_double(data[i]);
+    require(std::isfinite(x), where, argument, "finite values", std::to_string(x) + " at flat index " + std::to_string(i));
+  }
+}
+
+}  // namespace difftx

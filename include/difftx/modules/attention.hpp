@@ -1,0 +1,139 @@
+// Attention<T, D, Policy>: the baseline standard causal softmax attention with
+// H heads of size D, G key/value groups and RoPE, no subln:
+//   Attn(X) = Concat_i(softmax(Q_i K_j^T / sqrt(D)) V_j) W_O^T,  j = i / (H / G).
+// The paper's matched baseline for MultiHead<T, D> with h heads is H = 2h.
+// Parameters: "q_proj.weight" [HD, C], "k_proj.weight" [GD, C],
+// "v_proj.weight" [GD, C], "out_proj.weight" [C, HD].
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "difftx/modules/diff_attn.hpp"
+#include "difftx/modules/linear.hpp"
+#include "difftx/ops/attention.hpp"
+#include "difftx/ops/rope.hpp"
+
+namespace difftx {
+
+struct AttentionConfig {
+  index_t d_model = 0;   // C
+  index_t heads = 1;     // H
+  index_t kv_heads = 0;  // G; 0 means G = H
+  double rope_theta = 10000.0;
+  bool causal = true;
+};
+
+template <class T, index_t D, class Policy = policy::reference>
+class Attention {
+  DIFFTX_REQUIRE_SCALAR(T);
+  static_assert(D > 0 && D % 2 == 0, "difftx: the head size D must be positive and even (interleaved RoPE pairs)");
+  using linear_type = Linear<T, Policy>;
+
+ public:
+  using value_type = T;
+  using policy_type = Policy;
+  static constexpr index_t head_dim = D;
+  struct saved_type {
+    shape_t<3> input_shape{};
+    typename linear_type::saved_type q_proj, k_proj, v_proj, out_proj;
+    Tensor<T, 5> q;                 // [B, N, H, 1, D] projected and rotated
+    Tensor<T, 5> k;                 // [B, N, G, 1, D] projected and rotated
+    Tensor<T, 4> v;                 // [B, N, G, D]
+    Tensor<accum_t<T>, 4> lse;      // [B, H, 1, N]
+    Tensor<T, 4> o;                 // [B, N, H, D] softmax(Q K^T / sqrt(D)) V, the out_proj input
+  };
+
+  explicit Attention(const AttentionConfig& config, Policy policy = {})
+      : policy_(std::move(policy)),
+        config_(checked(config)),
+        q_proj_(config_.d_model, config_.heads * D, policy_),
+        k_proj_(config_.d_model, config_.kv_heads * D, policy_),
+        v_proj_(config_.d_model, config_.kv_heads * D, policy_),
+        out_proj_(config_.heads * D, config_.d_model, policy_) {
+    random_stream rng(0);
+    reset_parameters(rng);
+  }
+
+  const AttentionConfig& config() const noexcept { return config_; }
+  shape_t<3> output_shape(const shape_t<3>& input) const noexcept { return input; }
+
+  // x [B, N, C] -> y [B, N, C]
+  void forward(cview<T, 3> x, TensorView<T, 3> y, saved_type& s) const {
+    constexpr std::string_view where = "Attention::forward";
+    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
+    require_shape(where, "y", y, x.shape());
+    const index_t B = x.extent(0), N = x.extent(1), H = config_.heads, G = config_.kv_heads;
+    auto& memory = policy_.memory();
+    s.q.resize({B, N, H, 1, D}, memory);
+    s.k.resize({B, N, G, 1, D}, memory);
+    s.v.resize({B, N, G, D}, memory);
+    s.lse.resize({B, H, 1, N}, memory);
+    s.o.resize({B, N, H, D}, memory);
+
+    q_proj_.forward(x, s.q.view().template reshape<3>({B, N, H * D}), s.q_proj);
+    k_proj_.forward(x, s.k.view().template reshape<3>({B, N, G * D}), s.k_proj);
+    v_proj_.forward(x, s.v.view().template reshape<3>({B, N, G * D}), s.v_proj);
+    rope_forward(policy_, s.q.view().template reshape<4>({B, N, H, D}), 0, config_.rope_theta);
+    rope_forward(policy_, s.k.view().template reshape<4>({B, N, G, D}), 0, config_.rope_theta);
+    attention_forward<1>(policy_, s.q.const_view(), s.k.const_view(), s.v.const_view(), cview<accum_t<T>, 1>{},
+                         config_.causal, s.o.view(), TensorView<T, 4>{}, s.lse.view());
+    out_proj_.forward(s.o.const_view().template reshape<3>({B, N, H * D}), y, s.out_proj);
+    s.input_shape = x.shape();
+  }
+
+  // dy [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates
+  void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx) {
+    constexpr std::string_view where = "Attention::backward";
+    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
+    require_saved(where, s.input_shape, x.shape());
+    require_shape(where, "dy", dy, x.shape());
+    require_shape(where, "dx", dx, x.shape());
+    const index_t B = x.extent(0), N = x.extent(1), H = config_.heads, G = config_.kv_heads;
+    auto& memory = policy_.memory();
+    Tensor<T, 4> d_o(s.o.shape(), memory);
+    Tensor<T, 5> dq(s.q.shape(), memory), dk(s.k.shape(), memory);
+    Tensor<T, 4> dv(s.v.shape(), memory);
+
+    out_proj_.backward(s.o.const_view().template reshape<3>({B, N, H * D}), dy, s.out_proj,
+                       d_o.view().template reshape<3>({B, N, H * D}));
+    attention_backward<1>(policy_, s.q.const_view(), s.k.const_view(), s.v.const_view(), cview<accum_t<T>, 1>{},
+                          config_.causal, s.o.const_view(), cview<T, 4>{}, s.lse.const_view(), d_o.const_view(),
+                          dq.view(), dk.view(), dv.view(), TensorView<accum_t<T>, 1>{});
+    rope_backward(policy_, dq.view().template reshape<4>({B, N, H, D}), 0, config_.rope_theta);
+    rope_backward(policy_, dk.view().template reshape<4>({B, N, G, D}), 0, config_.rope_theta);
+    q_proj_.backward(x, dq.view().template reshape<3>({B, N, H * D}), s.q_proj, dx);
+    k_proj_.backward(x, dk.view().template reshape<3>({B, N, G * D}), s.k_proj, dx, write_mode::add);
+    v_proj_.backward(x, dv.view().template reshape<3>({B, N, G * D}), s.v_proj, dx, write_mode::add);
+  }
+
+  std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
+    std::vector<parameter_ref<T>> all;
+    append_parameters(all, q_proj_.parameters(prefix + "q_proj."));
+    append_parameters(all, k_proj_.parameters(prefix + "k_proj."));
+    append_parameters(all, v_proj_.parameters(prefix + "v_proj."));
+    append_parameters(all, out_proj_.parameters(prefix + "out_proj."));
+    return all;
+  }
+  void reset_parameters(random_stream& rng) {
+    q_proj_.reset_parameters(rng);
+    k_proj_.reset_parameters(rng);
+    v_proj_.reset_parameters(rng);
+    out_proj_.reset_parameters(rng);
+  }
+  const Policy& policy() const noexcept { return policy_; }
+
+ private:
+  static AttentionConfig checked(AttentionConfig c) {
+    require(c.d_model > 0, "Attention", "config.d_model", "d_model >= 1", std::to_string(c.d_model));
+    c.kv_heads = detail::checked_kv_heads("Attention", c.heads, c.kv_heads);
+    require(c.rope_theta > 0, "Attention", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
+    return c;
+  }
+
+  Policy policy_;
+  AttentionConfig config_;
+  linear_type q_proj_, k_proj_, v_proj_, out_proj_;
+};
+
+}  // namespace difftx

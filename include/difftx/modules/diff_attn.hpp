@@ -1,0 +1,146 @@
+// DiffAttn<T, D, Policy>: the differential attention operator of one layer, on
+// projected (and rotated) queries, keys and values:
+//   O_i = (softmax(Q1 K1^T / sqrt(D)) - lambda softmax(Q2 K2^T / sqrt(D))) V_j,  j = i / (h / g)
+//   lambda = exp(lambda_q1 · lambda_k1) - exp(lambda_q2 · lambda_k2) + lambda_init(layer_index)
+// Parameters: "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2", each [D].
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "difftx/core/checks.hpp"
+#include "difftx/modules/parameter.hpp"
+#include "difftx/ops/attention.hpp"
+#include "difftx/ops/diff_lambda.hpp"
+#include "difftx/policy/reference.hpp"
+
+namespace difftx {
+
+struct DiffAttnConfig {
+  index_t heads = 1;        // h differential heads
+  index_t kv_heads = 0;     // g key/value groups; 0 means g = h
+  index_t layer_index = 0;  // l, sets lambda_init
+  bool causal = true;
+};
+
+namespace detail {
+// Checks a head/group configuration shared by the attention modules; returns g.
+inline index_t checked_kv_heads(std::string_view where, index_t heads, index_t kv_heads) {
+  require(heads > 0, where, "config.heads", "heads >= 1", std::to_string(heads));
+  const index_t g = kv_heads == 0 ? heads : kv_heads;
+  require(g > 0 && heads % g == 0, where, "config.kv_heads",
+          "a group count dividing heads = " + std::to_string(heads), std::to_string(kv_heads));
+  return g;
+}
+}  // namespace detail
+
+template <class T, index_t D, class Policy = policy::reference>
+class DiffAttn {
+  DIFFTX_REQUIRE_SCALAR(T);
+  static_assert(D > 0 && D % 2 == 0, "difftx: the half head size D must be positive and even (interleaved RoPE pairs)");
+
+ public:
+  using value_type = T;
+  using policy_type = Policy;
+  static constexpr index_t head_dim = D;
+  struct saved_type {
+    shape_t<3> input_shape{};          // [B, N, h]: what the forward ran on
+    Tensor<accum_t<T>, 1> lambda;      // [1]
+    Tensor<accum_t<T>, 4> lse;         // [B, h, 2, N] log-sum-exp of each row of both maps
+    Tensor<T, 4> o2;                   // [B, N, h, 2D] softmax(Q2 K2^T / sqrt(D)) V
+  };
+
+  explicit DiffAttn(const DiffAttnConfig& config, Policy policy = {})
+      : policy_(std::move(policy)),
+        heads_(config.heads),
+        kv_heads_(detail::checked_kv_heads("DiffAttn", config.heads, config.kv_heads)),
+        layer_index_(checked_layer_index(config.layer_index)),
+        causal_(config.causal),
+        lambda_q1_({D}, policy_.memory()),
+        lambda_k1_({D}, policy_.memory()),
+        lambda_q2_({D}, policy_.memory()),
+        lambda_k2_({D}, policy_.memory()) {
+    random_stream rng(0);
+    reset_parameters(rng);
+  }
+
+  index_t heads() const noexcept { return heads_; }
+  index_t kv_heads() const noexcept { return kv_heads_; }
+  index_t layer_index() const noexcept { return layer_index_; }
+  bool causal() const noexcept { return causal_; }
+  double lambda_init() const noexcept { return difftx::lambda_init(layer_index_); }
+
+  shape_t<5> q_shape(index_t B, index_t N) const noexcept { return {B, N, heads_, 2, D}; }
+  shape_t<5> k_shape(index_t B, index_t N) const noexcept { return {B, N, kv_heads_, 2, D}; }
+  shape_t<4> v_shape(index_t B, index_t N) const noexcept { return {B, N, kv_heads_, 2 * D}; }
+  shape_t<4> output_shape(index_t B, index_t N) const noexcept { return {B, N, heads_, 2 * D}; }
+
+  // q [B, N, h, 2, D], k [B, N, g, 2, D], v [B, N, g, 2D] -> o [B, N, h, 2D]
+  void forward(cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, TensorView<T, 4> o, saved_type& saved) const {
+    constexpr std::string_view where = "DiffAttn::forward";
+    const auto [B, N] = check_inputs(where, q, k, v);
+    require_shape(where, "o", o, output_shape(B, N));
+    saved.lambda.resize({1}, policy_.memory());
+    saved.lse.resize({B, heads_, 2, N}, policy_.memory());
+    saved.o2.resize(output_shape(B, N), policy_.memory());
+    diff_lambda_forward(policy_, lambda_q1_.value.view(), lambda_k1_.value.view(), lambda_q2_.value.view(),
+                        lambda_k2_.value.view(), lambda_init(), saved.lambda.view());
+    attention_forward<2>(policy_, q, k, v, saved.lambda.const_view(), causal_, o, saved.o2.view(), saved.lse.view());
+    saved.input_shape = {B, N, heads_};
+  }
+
+  // o: the forward's output; do [B, N, h, 2D] -> dq, dk, dv (assign); the lambda
+  // vectors' gradients accumulate.
+  void backward(cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, cview<T, 4> o, cview<T, 4> d_o,
+                const saved_type& saved, TensorView<T, 5> dq, TensorView<T, 5> dk, TensorView<T, 4> dv) {
+    constexpr std::string_view where = "DiffAttn::backward";
+    const auto [B, N] = check_inputs(where, q, k, v);
+    require_saved(where, saved.input_shape, {B, N, heads_});
+    require_shape(where, "o", o, output_shape(B, N));
+    require_shape(where, "do", d_o, output_shape(B, N));
+    require_shape(where, "dq", dq, q.shape());
+    require_shape(where, "dk", dk, k.shape());
+    require_shape(where, "dv", dv, v.shape());
+    Tensor<accum_t<T>, 1> dlambda({1}, policy_.memory());
+    attention_backward<2>(policy_, q, k, v, saved.lambda.const_view(), causal_, o, saved.o2.const_view(),
+                          saved.lse.const_view(), d_o, dq, dk, dv, dlambda.view());
+    diff_lambda_backward(policy_, lambda_q1_.value.const_view(), lambda_k1_.value.const_view(), lambda_q2_.value.const_view(),
+                         lambda_k2_.value.const_view(), dlambda.const_view(), lambda_q1_.grad.view(),
+                         lambda_k1_.grad.view(), lambda_q2_.grad.view(), lambda_k2_.grad.view());
+  }
+
+  std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
+    return {lambda_q1_.ref(prefix + "lambda_q1"), lambda_k1_.ref(prefix + "lambda_k1"),
+            lambda_q2_.ref(prefix + "lambda_q2"), lambda_k2_.ref(prefix + "lambda_k2")};
+  }
+  // The spec's initialisation: each lambda vector ~ N(0, 0.1^2).
+  void reset_parameters(random_stream& rng) {
+    for (auto* p : {&lambda_q1_, &lambda_k1_, &lambda_q2_, &lambda_k2_}) p->init_normal(rng, 0.1);
+  }
+  const Policy& policy() const noexcept { return policy_; }
+
+ private:
+  static index_t checked_layer_index(index_t l) {
+    require(l >= 0, "DiffAttn", "config.layer_index", "a layer index >= 0", std::to_string(l));
+    return l;
+  }
+  std::pair<index_t, index_t> check_inputs(std::string_view where, const cview<T, 5>& q, const cview<T, 5>& k,
+                                           const cview<T, 4>& v) const {
+    require_nonempty(where, "q", q);
+    const index_t B = q.extent(0), N = q.extent(1);
+    require_shape(where, "q", q, q_shape(B, N));
+    require_shape(where, "k", k, k_shape(B, N));
+    require_shape(where, "v", v, v_shape(B, N));
+    for (const auto& [name, space] : {std::pair{"q", q.space()}, std::pair{"k", k.space()}, std::pair{"v", v.space()}})
+      require(space == policy_.memory().space(), where, name, std::string(to_string(policy_.memory().space())) + " memory",
+              std::string(to_string(space)) + " memory");
+    return {B, N};
+  }
+
+  Policy policy_;
+  index_t heads_, kv_heads_, layer_index_;
+  bool causal_;
+  Parameter<T, 1> lambda_q1_, lambda_k1_, lambda_q2_, lambda_k2_;
+};
+
+}  // namespace difftx

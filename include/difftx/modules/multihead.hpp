@@ -1,0 +1,159 @@
+// MultiHead<T, D, Policy>: multi-head differential attention (the spec's
+// MultiHead(X)): projections, RoPE, DiffAttn per head, subln scaled by
+// (1 - lambda_init), output projection.
+// Parameters: "q_proj.weight" [2hD, C], "k_proj.weight" [2gD, C],
+// "v_proj.weight" [2gD, C], "out_proj.weight" [C, 2hD], "lambda_q1",
+// "lambda_k1", "lambda_q2", "lambda_k2" [D], "subln.weight" [2D].
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "difftx/modules/diff_attn.hpp"
+#include "difftx/modules/linear.hpp"
+#include "difftx/modules/rmsnorm.hpp"
+#include "difftx/ops/rope.hpp"
+
+namespace difftx {
+
+struct MultiHeadConfig {
+  index_t d_model = 0;      // C
+  index_t heads = 1;        // h differential heads
+  index_t kv_heads = 0;     // g key/value groups; 0 means g = h
+  index_t layer_index = 0;  // l, sets lambda_init = 0.8 - 0.6 exp(-0.3 l)
+  double rope_theta = 10000.0;
+  bool causal = true;
+};
+
+template <class T, index_t D, class Policy = policy::reference>
+class MultiHead {
+  DIFFTX_REQUIRE_SCALAR(T);
+  static_assert(D > 0 && D % 2 == 0, "difftx: the half head size D must be positive and even (interleaved RoPE pairs)");
+  using linear_type = Linear<T, Policy>;
+  using attn_type = DiffAttn<T, D, Policy>;
+  using norm_type = RMSNorm<T, Policy>;
+
+ public:
+  using value_type = T;
+  using policy_type = Policy;
+  static constexpr index_t head_dim = D;
+  struct saved_type {
+    shape_t<3> input_shape{};
+    typename linear_type::saved_type q_proj, k_proj, v_proj, out_proj;
+    Tensor<T, 5> q;  // [B, N, h, 2, D] projected and rotated
+    Tensor<T, 5> k;  // [B, N, g, 2, D] projected and rotated
+    Tensor<T, 4> v;  // [B, N, g, 2D]
+    typename attn_type::saved_type attn;
+    Tensor<T, 4> o;  // [B, N, h, 2D] (A1 - lambda A2) V, the subln input
+    typename norm_type::saved_type subln;
+    Tensor<T, 3> normed;  // [B, N, 2hD] subln output, the out_proj input
+  };
+
+  explicit MultiHead(const MultiHeadConfig& config, Policy policy = {})
+      : policy_(std::move(policy)),
+        config_(checked(config)),
+        q_proj_(config_.d_model, 2 * config_.heads * D, policy_),
+        k_proj_(config_.d_model, 2 * config_.kv_heads * D, policy_),
+        v_proj_(config_.d_model, 2 * config_.kv_heads * D, policy_),
+        out_proj_(2 * config_.heads * D, config_.d_model, policy_),
+        attn_({config_.heads, config_.kv_heads, config_.layer_index, config_.causal}, policy_),
+        subln_(2 * D, 1e-5, 1.0 - difftx::lambda_init(config_.layer_index), policy_) {
+    random_stream rng(0);
+    reset_parameters(rng);
+  }
+
+  const MultiHeadConfig& config() const noexcept { return config_; }
+  double lambda_init() const noexcept { return attn_.lambda_init(); }
+  shape_t<3> output_shape(const shape_t<3>& input) const noexcept { return input; }
+
+  // x [B, N, C] -> y [B, N, C]
+  void forward(cview<T, 3> x, TensorView<T, 3> y, saved_type& s) const {
+    constexpr std::string_view where = "MultiHead::forward";
+    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
+    require_shape(where, "y", y, x.shape());
+    const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads;
+    s.q.resize(attn_.q_shape(B, N), policy_.memory());
+    s.k.resize(attn_.k_shape(B, N), policy_.memory());
+    s.v.resize(attn_.v_shape(B, N), policy_.memory());
+    s.o.resize(attn_.output_shape(B, N), policy_.memory());
+    s.normed.resize({B, N, 2 * h * D}, policy_.memory());
+
+    q_proj_.forward(x, s.q.view().template reshape<3>({B, N, 2 * h * D}), s.q_proj);
+    k_proj_.forward(x, s.k.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj);
+    v_proj_.forward(x, s.v.view().template reshape<3>({B, N, 2 * g * D}), s.v_proj);
+    rope_forward(policy_, s.q.view().template reshape<4>({B, N, 2 * h, D}), 0, config_.rope_theta);
+    rope_forward(policy_, s.k.view().template reshape<4>({B, N, 2 * g, D}), 0, config_.rope_theta);
+    attn_.forward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), s.attn);
+    subln_.forward(per_head(s.o.view()), s.normed.view().template reshape<3>({B, N * h, 2 * D}), s.subln);
+    out_proj_.forward(s.normed.view(), y, s.out_proj);
+    s.input_shape = x.shape();
+  }
+
+  // dy [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates
+  void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx) {
+    constexpr std::string_view where = "MultiHead::backward";
+    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
+    require_saved(where, s.input_shape, x.shape());
+    require_shape(where, "dy", dy, x.shape());
+    require_shape(where, "dx", dx, x.shape());
+    const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads;
+    auto& memory = policy_.memory();
+    Tensor<T, 3> d_normed(s.normed.shape(), memory);
+    Tensor<T, 4> d_o(s.o.shape(), memory);
+    Tensor<T, 5> dq(s.q.shape(), memory), dk(s.k.shape(), memory);
+    Tensor<T, 4> dv(s.v.shape(), memory);
+
+    out_proj_.backward(s.normed.view(), dy, s.out_proj, d_normed.view());
+    subln_.backward(per_head(s.o.view()), d_normed.const_view().template reshape<3>({B, N * h, 2 * D}), s.subln,
+                    per_head(d_o.view()));
+    attn_.backward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), d_o.view(), s.attn, dq.view(), dk.view(),
+                   dv.view());
+    rope_backward(policy_, dq.view().template reshape<4>({B, N, 2 * h, D}), 0, config_.rope_theta);
+    rope_backward(policy_, dk.view().template reshape<4>({B, N, 2 * g, D}), 0, config_.rope_theta);
+    q_proj_.backward(x, dq.view().template reshape<3>({B, N, 2 * h * D}), s.q_proj, dx);
+    k_proj_.backward(x, dk.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj, dx, write_mode::add);
+    v_proj_.backward(x, dv.view().template reshape<3>({B, N, 2 * g * D}), s.v_proj, dx, write_mode::add);
+  }
+
+  std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
+    std::vector<parameter_ref<T>> all;
+    append_parameters(all, q_proj_.parameters(prefix + "q_proj."));
+    append_parameters(all, k_proj_.parameters(prefix + "k_proj."));
+    append_parameters(all, v_proj_.parameters(prefix + "v_proj."));
+    append_parameters(all, out_proj_.parameters(prefix + "out_proj."));
+    append_parameters(all, attn_.parameters(prefix));
+    append_parameters(all, subln_.parameters(prefix + "subln."));
+    return all;
+  }
+  void reset_parameters(random_stream& rng) {
+    q_proj_.reset_parameters(rng);
+    k_proj_.reset_parameters(rng);
+    v_proj_.reset_parameters(rng);
+    out_proj_.reset_parameters(rng);
+    attn_.reset_parameters(rng);
+    subln_.reset_parameters(rng);
+  }
+  const Policy& policy() const noexcept { return policy_; }
+
+ private:
+  static MultiHeadConfig checked(MultiHeadConfig c) {
+    require(c.d_model > 0, "MultiHead", "config.d_model", "d_model >= 1", std::to_string(c.d_model));
+    c.kv_heads = detail::checked_kv_heads("MultiHead", c.heads, c.kv_heads);
+    require(c.layer_index >= 0, "MultiHead", "config.layer_index", "a layer index >= 0", std::to_string(c.layer_index));
+    require(c.rope_theta > 0, "MultiHead", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
+    return c;
+  }
+  // [B, N, h, 2D] seen as [B, N·h, 2D]: the subln normalises each head's vector.
+  template <class V>
+  static auto per_head(V o) {
+    return o.template reshape<3>({o.extent(0), o.extent(1) * o.extent(2), o.extent(3)});
+  }
+
+  Policy policy_;
+  MultiHeadConfig config_;
+  linear_type q_proj_, k_proj_, v_proj_, out_proj_;
+  attn_type attn_;
+  norm_type subln_;
+};
+
+}  // namespace difftx

@@ -1,0 +1,84 @@
+// A learnable tensor with its gradient, and the rank-erased handle modules give
+// out by name (for file I/O, optimisers and gradcheck).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "difftx/core/random.hpp"
+#include "difftx/core/tensor.hpp"
+
+namespace difftx {
+
+// A parameter seen by name: flat value and gradient of `shape`, in `memory`.
+template <class T>
+struct parameter_ref {
+  std::string name;
+  std::vector<index_t> shape;
+  T* value = nullptr;
+  T* grad = nullptr;
+  memory_resource* memory = nullptr;
+
+  index_t size() const noexcept {
+    index_t n = 1;
+    for (auto e : shape) n *= e;
+    return n;
+  }
+  memory_space space() const noexcept { return memory->space(); }
+  TensorView<T, 1> value_view() const noexcept { return {value, {size()}, space()}; }
+  TensorView<T, 1> grad_view() const noexcept { return {grad, {size()}, space()}; }
+  void zero_grad() const {
+    if (space() == memory_space::host)
+      std::fill_n(grad, size(), T{});
+    else
+      memory->zero(grad, static_cast<std::size_t>(size()) * sizeof(T));
+  }
+};
+
+template <class T, std::size_t Rank>
+struct Parameter {
+  Tensor<T, Rank> value, grad;
+
+  Parameter(const shape_t<Rank>& shape, memory_resource& memory) : value(shape, memory), grad(shape, memory) {}
+
+  parameter_ref<T> ref(std::string name) {
+    return {std::move(name), std::vector<index_t>(value.shape().begin(), value.shape().end()), value.data(),
+            grad.data(), &value.memory()};
+  }
+
+  // Sets the value from a host-side fill (initialisation), wherever it lives.
+  template <class Fill>
+  void initialise(Fill&& fill) {
+    if (value.space() == memory_space::host) {
+      fill(value.view());
+      return;
+    }
+    Tensor<T, Rank> host(value.shape());
+    fill(host.view());
+    value.memory().upload(value.data(), host.data(), static_cast<std::size_t>(host.size()) * sizeof(T));
+  }
+  void init_uniform(random_stream& rng, double bound) {
+    initialise([&](TensorView<T, Rank> v) { fill_uniform(v, rng, -bound, bound); });
+  }
+  void init_normal(random_stream& rng, double stddev) {
+    initialise([&](TensorView<T, Rank> v) { fill_normal(v, rng, 0.0, stddev); });
+  }
+  void init_constant(double c) {
+    initialise([&](TensorView<T, Rank> v) { fill_constant(v, c); });
+  }
+};
+
+// Appends a child module's parameters (already named with the child's prefix).
+template <class T>
+void append_parameters(std::vector<parameter_ref<T>>& all, std::vector<parameter_ref<T>> child) {
+  for (auto& p : child) all.push_back(std::move(p));
+}
+
+// Sets every parameter gradient of a module to zero.
+template <class Module>
+void zero_grad(Module& module) {
+  for (const auto& p : module.parameters()) p.zero_grad();
+}
+
+}  // namespace difftx

@@ -1,0 +1,67 @@
+// Softmax attention with Maps softmax maps per head and grouped key/value heads:
+// Maps = 1 is standard attention, Maps = 2 is differential attention. One op
+// serves both, so the baseline and the differential layer share every kernel.
+//
+//   q [B, N, H, Maps, d], k [B, N, G, Maps, d], v [B, N, G, dv]; head h reads
+//   group j = h / (H / G).
+//   S_m = Q_m K_m^T / sqrt(d), keys after the query masked when causal,
+//   A_m = softmax(S_m) row-wise, O_m = A_m V.
+//   forward : o [B, N, H, dv] = O_1                  (Maps = 1)
+//                             = O_1 - lambda O_2     (Maps = 2, lambda [1])
+//             saved: lse [B, H, Maps, N] (log-sum-exp of each row of S_m) and,
+//             for Maps = 2, o2 [B, N, H, dv] = O_2, so the backward gets
+//             rowsum(dO ⊙ O_1) and rowsum(dO ⊙ O_2) without N x N memory.
+//   backward: with c_1 = 1, c_2 = -lambda and D_m = rowsum(dO ⊙ O_m):
+//             dV   = sum_m c_m A_m^T dO
+//             dS_m = c_m A_m ⊙ (dO V^T - D_m)
+//             dQ_m = dS_m K_m / sqrt(d),  dK_m = dS_m^T Q_m / sqrt(d)
+//             dlambda = -sum(dO ⊙ O_2)
+//             dq, dk, dv and dlambda are assigned (grouped heads sum into dk, dv).
+#pragma once
+
+#include "difftx/ops/common.hpp"
+
+namespace difftx::detail {
+
+template <int Maps, class Q, class K, class V, class L, class O, class O2, class S>
+void check_attention(std::string_view where, const Q& q, const K& k, const V& v, const L& lambda, const O& o,
+                     const O2& o2, const S& lse, const char* o_name) {
+  static_assert(Maps == 1 || Maps == 2, "difftx: attention has one (standard) or two (differential) maps");
+  require_nonempty(where, "q", q);
+  const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), d = q.extent(4);
+  require(q.extent(3) == Maps, where, "q", "shape [B, N, H, " + std::to_string(Maps) + ", d]",
+          shape_string(q.shape()));
+  require_nonempty(where, "k", k);
+  const index_t G = k.extent(2);
+  require_shape(where, "k", k, {B, N, G, Maps, d});
+  require(H % G == 0, where, "k", "a group count G dividing the head count H = " + std::to_string(H),
+          "G = " + std::to_string(G));
+  require_nonempty(where, "v", v);
+  require(v.extent(0) == B && v.extent(1) == N && v.extent(2) == G, where, "v",
+          "shape [" + std::to_string(B) + ", " + std::to_string(N) + ", " + std::to_string(G) + ", dv]",
+          shape_string(v.shape()));
+  const index_t dv = v.extent(3);
+  require_shape(where, o_name, o, {B, N, H, dv});
+  if constexpr (Maps == 2) {
+    require_shape(where, "o2", o2, {B, N, H, dv});
+    require_shape(where, "lambda", lambda, {1});
+  } else {
+    require(o2.empty(), where, "o2", "an empty tensor for standard attention", shape_string(o2.shape()));
+  }
+  require_shape(where, "lse", lse, {B, H, Maps, N});
+}
+
+template <int Maps, class Q, class K, class V, class L, class O, class O2, class S, class DO, class DQ, class DK,
+          class DV, class DL>
+void check_attention_backward(std::string_view where, const Q& q, const K& k, const V& v, const L& lambda,
+                              const O& o, const O2& o2, const S& lse, const DO& d_o, const DQ& dq, const DK& dk,
+                              const DV& dv, const DL& dlambda) {
+  check_attention<Maps>(where, q, k, v, lambda, o, o2, lse, "o");
+  require_shape(where, "do", d_o, o.shape());
+  require_shape(where, "dq", dq, q.shape());
+  require_shape(where, "dk", dk, k.shape());
+  require_shape(where, "dv", dv, v.shape());
+  if constexpr (Maps == 2) require_shape(where, "dlambda", dlambda, {1});
+}
+
+}  // namespace difftx::detail

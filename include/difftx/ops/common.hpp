@@ -1,0 +1,28 @@
+// What every op shares: how an op writes its main output, and the check that
+// all of an op's tensors live where its policy computes.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "difftx/core/checks.hpp"
+
+namespace difftx {
+
+// assign: out = result; add: out += result (lets a caller sum several
+// contributions, e.g. dX from the Q, K and V projections, without a temporary).
+enum class write_mode { assign, add };
+
+namespace detail {
+// require_all_in(where, memory_space::host, {{"x", x.space()}, {"y", y.space()}})
+inline void require_all_in(std::string_view where, memory_space space,
+                           std::initializer_list<std::pair<const char*, memory_space>> arguments) {
+  for (const auto& [name, got] : arguments)
+    require(got == space, where, name, std::string(to_string(space)) + " memory",
+            std::string(to_string(got)) + " memory");
+}
+}  // namespace detail
+
+}  // namespace difftx

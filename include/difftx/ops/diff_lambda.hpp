@@ -1,0 +1,33 @@
+// The re-parameterised lambda of differential attention.
+//   forward : lambda[1] = exp(lq1 · lk1) - exp(lq2 · lk2) + lambda_init,
+//             lq1, lk1, lq2, lk2 [d]
+//   backward: with e1 = exp(lq1 · lk1), e2 = exp(lq2 · lk2):
+//             dlq1 += dlambda e1 lk1,  dlk1 += dlambda e1 lq1,
+//             dlq2 -= dlambda e2 lk2,  dlk2 -= dlambda e2 lq2
+// lambda_init = 0.8 - 0.6 exp(-0.3 l) for layer index l (see lambda_init()).
+#pragma once
+
+#include <cmath>
+
+#include "difftx/ops/common.hpp"
+
+namespace difftx {
+
+inline double lambda_init(index_t layer_index) noexcept {
+  return 0.8 - 0.6 * std::exp(-0.3 * static_cast<double>(layer_index));
+}
+
+namespace detail {
+
+template <class P, class L>
+void check_diff_lambda(std::string_view where, const P& lq1, const P& lk1, const P& lq2, const P& lk2,
+                       const L& lambda, const char* lambda_name) {
+  require_nonempty(where, "lambda_q1", lq1);
+  require_shape(where, "lambda_k1", lk1, lq1.shape());
+  require_shape(where, "lambda_q2", lq2, lq1.shape());
+  require_shape(where, "lambda_k2", lk2, lq1.shape());
+  require_shape(where, lambda_name, lambda, {1});
+}
+
+}  // namespace detail
+}  // namespace difftx

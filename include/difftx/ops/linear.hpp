@@ -1,0 +1,30 @@
+// Linear projection in the nn.Linear convention (w is [out, in]).
+//   forward : y[M, N]  = x[M, K] · w[N, K]^T
+//   backward: dx[M, K] = dy[M, N] · w[N, K]        (assign or add, see write_mode)
+//             dw[N, K] += dy[M, N]^T · x[M, K]      (parameter gradients accumulate)
+// Each policy implements linear_forward / linear_backward for these shapes and
+// calls the checks below first.
+#pragma once
+
+#include "difftx/ops/common.hpp"
+
+namespace difftx::detail {
+
+template <class X, class W, class Y>
+void check_linear(std::string_view where, const X& x, const W& w, const Y& y, const char* y_name) {
+  require_nonempty(where, "x", x);
+  require_nonempty(where, "w", w);
+  require(x.extent(1) == w.extent(1), where, "w", "shape [N, " + std::to_string(x.extent(1)) + "] (x is [M, K])",
+          shape_string(w.shape()));
+  require_shape(where, y_name, y, {x.extent(0), w.extent(0)});
+}
+
+template <class X, class W, class DY, class DX, class DW>
+void check_linear_backward(std::string_view where, const X& x, const W& w, const DY& dy, const DX& dx,
+                           const DW& dw) {
+  check_linear(where, x, w, dy, "dy");
+  require_shape(where, "dx", dx, x.shape());
+  require_shape(where, "dw", dw, w.shape());
+}
+
+}  // namespace difftx::detail

@@ -1,0 +1,173 @@
+// Reference attention with one or two softmax maps (formulas in
+// difftx/ops/attention.hpp). One query row at a time: scores, softmax and the
+// weighted sum of V, exactly as written; nothing N x N is kept between rows.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "difftx/ops/attention.hpp"
+#include "difftx/policy/reference/tag.hpp"
+
+namespace difftx {
+
+namespace detail {
+// Probabilities of row i of map m, p[t] = exp(s_t - lse), for keys t < kv_end.
+template <Scalar T>
+void attention_row_probabilities(cview<T, 5> q, cview<T, 5> k, index_t b, index_t i, index_t h, index_t j, index_t m,
+                                 index_t kv_end, const accum_t<T>& scale, const accum_t<T>& lse,
+                                 std::vector<accum_t<T>>& p) {
+  using A = accum_t<T>;
+  const index_t d = q.extent(4);
+  for (index_t t = 0; t < kv_end; ++t) {
+    A s(0.0);
+    for (index_t c = 0; c < d; ++c) s = s + load(q(b, i, h, m, c)) * load(k(b, t, j, m, c));
+    p[static_cast<std::size_t>(t)] = scalar_traits<T>::exp(s * scale - lse);
+  }
+}
+}  // namespace detail
+
+// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
+//   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
+template <int Maps, Scalar T>
+void attention_forward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                       cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
+                       TensorView<accum_t<T>, 4> lse) {
+  constexpr std::string_view where = "attention_forward";
+  detail::check_attention<Maps>(where, q, k, v, lambda, o, o2, lse, "o");
+  detail::require_all_in(where, memory_space::host,
+                         {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {"lambda", lambda.space()},
+                          {"o", o.space()}, {"o2", o2.space()}, {"lse", lse.space()}});
+  using A = accum_t<T>;
+  const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), d = q.extent(4);
+  const index_t group_size = H / k.extent(2), dv = v.extent(3);
+  const A scale = A(1.0) / scalar_traits<T>::sqrt(A(static_cast<double>(d)));
+  std::vector<A> s(static_cast<std::size_t>(N), A(0.0));
+  std::vector<A> o_maps(static_cast<std::size_t>(Maps * dv), A(0.0));
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h) {
+      const index_t j = h / group_size;
+      for (index_t i = 0; i < N; ++i) {
+        const index_t kv_end = causal ? i + 1 : N;
+        for (index_t m = 0; m < Maps; ++m) {
+          // Scores and their maximum, then the log-sum-exp of the row.
+          A row_max(0.0);
+          for (index_t t = 0; t < kv_end; ++t) {
+            A dot(0.0);
+            for (index_t c = 0; c < d; ++c) dot = dot + load(q(b, i, h, m, c)) * load(k(b, t, j, m, c));
+            s[static_cast<std::size_t>(t)] = dot * scale;
+            if (t == 0 || row_max < s[static_cast<std::size_t>(t)]) row_max = s[static_cast<std::size_t>(t)];
+          }
+          A sum(0.0);
+          for (index_t t = 0; t < kv_end; ++t) sum = sum + scalar_traits<T>::exp(s[static_cast<std::size_t>(t)] - row_max);
+          const A row_lse = row_max + scalar_traits<T>::log(sum);
+          lse(b, h, m, i) = row_lse;
+          // O_m = A_m V for this row.
+          for (index_t c = 0; c < dv; ++c) {
+            A acc(0.0);
+            for (index_t t = 0; t < kv_end; ++t)
+              acc = acc + scalar_traits<T>::exp(s[static_cast<std::size_t>(t)] - row_lse) * load(v(b, t, j, c));
+            o_maps[static_cast<std::size_t>(m * dv + c)] = acc;
+          }
+        }
+        for (index_t c = 0; c < dv; ++c) {
+          if constexpr (Maps == 2) {
+            const A o_second = o_maps[static_cast<std::size_t>(dv + c)];
+            o(b, i, h, c) = store<T>(o_maps[static_cast<std::size_t>(c)] - lambda(0) * o_second);
+            o2(b, i, h, c) = store<T>(o_second);
+          } else {
+            o(b, i, h, c) = store<T>(o_maps[static_cast<std::size_t>(c)]);
+          }
+        }
+      }
+    }
+}
+
+// do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,N,G,Maps,d], dv [B,N,G,dv], dlambda [1] (all assigned)
+template <int Maps, Scalar T>
+void attention_backward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                        cview<accum_t<T>, 1> lambda, bool causal, cview<T, 4> o, cview<T, 4> o2,
+                        cview<accum_t<T>, 4> lse, cview<T, 4> d_o, TensorView<T, 5> dq, TensorView<T, 5> dk,
+                        TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda) {
+  constexpr std::string_view where = "attention_backward";
+  detail::check_attention_backward<Maps>(where, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv, dlambda);
+  detail::require_all_in(where, memory_space::host,
+                         {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {"lambda", lambda.space()},
+                          {"o", o.space()}, {"o2", o2.space()}, {"lse", lse.space()}, {"do", d_o.space()},
+                          {"dq", dq.space()}, {"dk", dk.space()}, {"dv", dv.space()}, {"dlambda", dlambda.space()}});
+  using A = accum_t<T>;
+  const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), G = k.extent(2), d = q.extent(4);
+  const index_t group_size = H / G, dv_size = v.extent(3);
+  const A scale = A(1.0) / scalar_traits<T>::sqrt(A(static_cast<double>(d)));
+  // c_1 = 1, c_2 = -lambda: the weight of each map in O.
+  A coeff[2] = {A(1.0), A(0.0)};
+  if constexpr (Maps == 2) coeff[1] = -lambda(0);
+
+  // dK and dV sum over the heads of a group and over queries: accumulate in A.
+  std::vector<A> dk_acc(static_cast<std::size_t>(dk.size()), A(0.0));
+  std::vector<A> dv_acc(static_cast<std::size_t>(dv.size()), A(0.0));
+  auto dk_at = [&](index_t b, index_t t, index_t j, index_t m, index_t c) -> A& {
+    return dk_acc[static_cast<std::size_t>((((b * N + t) * G + j) * Maps + m) * d + c)];
+  };
+  auto dv_at = [&](index_t b, index_t t, index_t j, index_t c) -> A& {
+    return dv_acc[static_cast<std::size_t>(((b * N + t) * G + j) * dv_size + c)];
+  };
+  std::vector<std::vector<A>> p(Maps, std::vector<A>(static_cast<std::size_t>(N), A(0.0)));
+  std::vector<A> dp(static_cast<std::size_t>(N), A(0.0));
+  std::vector<A> dq_row(static_cast<std::size_t>(d), A(0.0));
+  A dlambda_acc(0.0);
+
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h) {
+      const index_t j = h / group_size;
+      for (index_t i = 0; i < N; ++i) {
+        const index_t kv_end = causal ? i + 1 : N;
+        for (index_t m = 0; m < Maps; ++m)
+          detail::attention_row_probabilities<T>(q, k, b, i, h, j, m, kv_end, scale, lse(b, h, m, i),
+                                                 p[static_cast<std::size_t>(m)]);
+        // dP = dO V^T for this row; D_m = rowsum(dO ⊙ O_m) with O_1 = o + lambda o2.
+        for (index_t t = 0; t < kv_end; ++t) {
+          A acc(0.0);
+          for (index_t c = 0; c < dv_size; ++c) acc = acc + load(d_o(b, i, h, c)) * load(v(b, t, j, c));
+          dp[static_cast<std::size_t>(t)] = acc;
+        }
+        A rowsum_do_o[2] = {A(0.0), A(0.0)};
+        for (index_t c = 0; c < dv_size; ++c) {
+          const A grad = load(d_o(b, i, h, c));
+          if constexpr (Maps == 2) {
+            const A o_second = load(o2(b, i, h, c));
+            rowsum_do_o[0] = rowsum_do_o[0] + grad * (load(o(b, i, h, c)) + lambda(0) * o_second);
+            rowsum_do_o[1] = rowsum_do_o[1] + grad * o_second;
+          } else {
+            rowsum_do_o[0] = rowsum_do_o[0] + grad * load(o(b, i, h, c));
+          }
+        }
+        if constexpr (Maps == 2) dlambda_acc = dlambda_acc - rowsum_do_o[1];
+
+        for (index_t m = 0; m < Maps; ++m) {
+          const auto& pm = p[static_cast<std::size_t>(m)];
+          std::fill(dq_row.begin(), dq_row.end(), A(0.0));
+          for (index_t t = 0; t < kv_end; ++t) {
+            const auto ts = static_cast<std::size_t>(t);
+            const A ds = coeff[m] * pm[ts] * (dp[ts] - rowsum_do_o[m]) * scale;
+            for (index_t c = 0; c < d; ++c) {
+              dq_row[static_cast<std::size_t>(c)] = dq_row[static_cast<std::size_t>(c)] + ds * load(k(b, t, j, m, c));
+              dk_at(b, t, j, m, c) = dk_at(b, t, j, m, c) + ds * load(q(b, i, h, m, c));
+            }
+          }
+          for (index_t c = 0; c < d; ++c) dq(b, i, h, m, c) = store<T>(dq_row[static_cast<std::size_t>(c)]);
+        }
+        // dV += (sum_m c_m A_m)^T dO
+        for (index_t t = 0; t < kv_end; ++t) {
+          A weight(0.0);
+          for (index_t m = 0; m < Maps; ++m) weight = weight + coeff[m] * p[static_cast<std::size_t>(m)][static_cast<std::size_t>(t)];
+          for (index_t c = 0; c < dv_size; ++c) dv_at(b, t, j, c) = dv_at(b, t, j, c) + weight * load(d_o(b, i, h, c));
+        }
+      }
+    }
+  for (index_t e = 0; e < dk.size(); ++e) dk.data()[e] = store<T>(dk_acc[static_cast<std::size_t>(e)]);
+  for (index_t e = 0; e < dv.size(); ++e) dv.data()[e] = store<T>(dv_acc[static_cast<std::size_t>(e)]);
+  if constexpr (Maps == 2) dlambda(0) = dlambda_acc;
+}
+
+}  // namespace difftx

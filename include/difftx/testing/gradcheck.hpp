@@ -1,0 +1,207 @@
+// gradcheck: compares a hand-written backward with central finite differences.
+//
+// The scalar checked is L = <dy, f(x, θ)> for a fixed random dy, so the
+// analytic gradients are exactly what a backward given dy returns. Each entry
+// is perturbed with the five-point stencil
+//   dL/dz ≈ (-L(z+2h) + 8 L(z+h) - 8 L(z-h) + L(z-2h)) / 12h,
+// whose truncation error is O(h^4), so h can be large enough (1e-3 by default)
+// that rounding in L stays far below the tolerance in double.
+//
+// Error of an entry: |analytic - numeric| / max(|analytic|, |numeric|, floor),
+// floor = max(1e-3 · the largest |gradient| of that tensor,
+//             1e-6 · the largest |gradient| of all tensors),
+// so tiny entries are judged against their tensor's scale instead of dividing by
+// nearly nothing. The check passes when the worst error is below the tolerance.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "difftx/core/checks.hpp"
+#include "difftx/core/random.hpp"
+#include "difftx/modules/parameter.hpp"
+
+namespace difftx::testing {
+
+struct gradcheck_options {
+  double step = 1e-3;                  // h, scaled by max(1, |z|) for each entry
+  double tolerance = 1e-6;             // on the worst error
+  index_t max_entries_per_tensor = 0;  // 0: every entry; else a seeded sample of that many
+  std::uint64_t seed = 20251121;       // for dy, the input and the sample
+};
+
+// The worst entry of one tensor.
+struct gradcheck_tensor {
+  std::string name;
+  std::vector<index_t> shape;
+  index_t checked = 0;      // entries compared
+  double worst_error = 0;   // as defined above
+  index_t worst_index = 0;  // flat, row-major
+  double analytic = 0, numeric = 0;
+};
+
+struct gradcheck_result {
+  std::vector<gradcheck_tensor> tensors;
+  double tolerance = 0;
+
+  const gradcheck_tensor& worst() const {
+    return *std::max_element(tensors.begin(), tensors.end(),
+                             [](const auto& a, const auto& b) { return a.worst_error < b.worst_error; });
+  }
+  double worst_error() const { return tensors.empty() ? 0.0 : worst().worst_error; }
+  bool passed() const { return worst_error() < tolerance; }
+
+  // One line per tensor: name, entries checked, worst error and where.
+  std::string report() const {
+    std::string out;
+    char line[512];
+    for (const auto& t : tensors) {
+      std::snprintf(line, sizeof line, "  %-28s %7td entries  worst %.3e at %s (analytic % .6e, numeric % .6e)\n",
+                    t.name.c_str(), t.checked, t.worst_error, position(t).c_str(), t.analytic, t.numeric);
+      out += line;
+    }
+    return out;
+  }
+  // "name[i, j, ...]" of the worst entry overall.
+  std::string where() const { return tensors.empty() ? std::string() : worst().name + position(worst()); }
+
+ private:
+  static std::string position(const gradcheck_tensor& t) {
+    std::vector<index_t> coords(t.shape.size());
+    index_t rest = t.worst_index;
+    for (std::size_t a = t.shape.size(); a-- > 0;) {
+      coords[a] = rest % t.shape[a];
+      rest /= t.shape[a];
+    }
+    return shape_string(coords);
+  }
+};
+
+// One variable of the function: its values (perturbed in place and restored)
+// and the analytic gradient the backward wrote.
+template <std::floating_point T>
+struct gradcheck_variable {
+  std::string name;
+  std::vector<index_t> shape;
+  T* value = nullptr;
+  const T* grad = nullptr;
+  index_t size() const {
+    index_t n = 1;
+    for (auto e : shape) n *= e;
+    return n;
+  }
+};
+
+// The general form: loss() evaluates L at the current values; gradients() fills
+// every variable's grad with the analytic dL/dvariable.
+template <std::floating_point T>
+gradcheck_result gradcheck(const std::vector<gradcheck_variable<T>>& variables, const std::function<long double()>& loss,
+                           const std::function<void()>& gradients, const gradcheck_options& options = {}) {
+  require(options.step > 0, "gradcheck", "options.step", "a step > 0", std::to_string(options.step));
+  require(options.tolerance > 0, "gradcheck", "options.tolerance", "a tolerance > 0", std::to_string(options.tolerance));
+  for (const auto& v : variables)
+    require(v.value != nullptr && v.grad != nullptr && v.size() > 0, "gradcheck", v.name,
+            "a non-empty variable with values and gradients", shape_string(v.shape));
+  gradients();
+
+  random_stream rng(options.seed ^ 0x5eedULL);
+  struct sample {
+    std::vector<index_t> entries;
+    std::vector<double> analytic, numeric;
+  };
+  std::vector<sample> samples(variables.size());
+  double global_scale = 0;
+  for (std::size_t vi = 0; vi < variables.size(); ++vi) {
+    const auto& v = variables[vi];
+    auto& s = samples[vi];
+    const index_t n = v.size();
+    if (options.max_entries_per_tensor <= 0 || options.max_entries_per_tensor >= n) {
+      for (index_t i = 0; i < n; ++i) s.entries.push_back(i);
+    } else {
+      s.entries = {0, n - 1};
+      while (static_cast<index_t>(s.entries.size()) < options.max_entries_per_tensor)
+        s.entries.push_back(std::min<index_t>(n - 1, static_cast<index_t>(rng.uniform() * static_cast<double>(n))));
+      std::sort(s.entries.begin(), s.entries.end());
+      s.entries.erase(std::unique(s.entries.begin(), s.entries.end()), s.entries.end());
+    }
+    for (index_t i : s.entries) {
+      T& z = v.value[i];
+      const T original = z;
+      const T h = static_cast<T>(options.step) * std::max<T>(T(1), std::abs(original));
+      auto at = [&](T offset) {
+        z = original + offset;
+        return loss();
+      };
+      const long double numeric =
+          (-at(2 * h) + 8 * at(h) - 8 * at(-h) + at(-2 * h)) / (12 * static_cast<long double>(h));
+      z = original;
+      s.analytic.push_back(static_cast<double>(v.grad[i]));
+      s.numeric.push_back(static_cast<double>(numeric));
+      global_scale = std::max({global_scale, std::abs(s.analytic.back()), std::abs(s.numeric.back())});
+    }
+  }
+
+  gradcheck_result result;
+  result.tolerance = options.tolerance;
+  for (std::size_t vi = 0; vi < variables.size(); ++vi) {
+    const auto& s = samples[vi];
+    double tensor_scale = 0;
+    for (std::size_t e = 0; e < s.entries.size(); ++e)
+      tensor_scale = std::max({tensor_scale, std::abs(s.analytic[e]), std::abs(s.numeric[e])});
+    const double floor = std::max({1e-3 * tensor_scale, 1e-6 * global_scale, 1e-300});
+    gradcheck_tensor t{variables[vi].name, variables[vi].shape, static_cast<index_t>(s.entries.size())};
+    for (std::size_t e = 0; e < s.entries.size(); ++e) {
+      const double a = s.analytic[e], n = s.numeric[e];
+      const double error = std::abs(a - n) / std::max({std::abs(a), std::abs(n), floor});
+      if (e == 0 || error > t.worst_error) {
+        t.worst_error = error;
+        t.worst_index = s.entries[e];
+        t.analytic = a;
+        t.numeric = n;
+      }
+    }
+    result.tensors.push_back(std::move(t));
+  }
+  return result;
+}
+
+// A module with one input [B, N, C]: checks dL/dx and every parameter, with
+// L = <dy, module(x)>. x is copied; the module's parameters are perturbed and
+// restored, and its gradients are left holding the analytic dL/dθ.
+template <class Module>
+  requires std::floating_point<typename Module::value_type>
+gradcheck_result gradcheck(Module& module, cview<typename Module::value_type, 3> x,
+                           const gradcheck_options& options = {}) {
+  using T = typename Module::value_type;
+  require_space("gradcheck", "x", x, memory_space::host);
+  Tensor<T, 3> input(x.shape());
+  std::copy_n(x.data(), x.size(), input.data());
+  Tensor<T, 3> y(module.output_shape(x.shape())), dy(y.shape()), dx(x.shape());
+  random_stream rng(options.seed);
+  fill_normal(dy.view(), rng);
+  typename Module::saved_type saved;
+
+  auto loss = [&]() -> long double {
+    module.forward(input.view(), y.view(), saved);
+    long double l = 0;
+    for (index_t i = 0; i < y.size(); ++i) l += static_cast<long double>(dy.data()[i]) * y.data()[i];
+    return l;
+  };
+  auto gradients = [&]() {
+    zero_grad(module);
+    module.forward(input.view(), y.view(), saved);
+    module.backward(input.view(), dy.view(), saved, dx.view());
+  };
+  std::vector<gradcheck_variable<T>> variables{
+      {"input", std::vector<index_t>(x.shape().begin(), x.shape().end()), input.data(), dx.data()}};
+  for (auto& p : module.parameters()) variables.push_back({p.name, p.shape, p.value, p.grad});
+  return gradcheck<T>(variables, loss, gradients, options);
+}
+
+}  // namespace difftx::testing
