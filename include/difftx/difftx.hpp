@@ -15,6 +15,7 @@
 #include "difftx/modules/multihead.hpp"
 #include "difftx/modules/parameter.hpp"
 #include "difftx/modules/rmsnorm.hpp"
+#include "difftx/modules/stack.hpp"
 #include "difftx/modules/swiglu.hpp"
 #include "difftx/policy/reference.hpp"
 #include "difftx/testing/gradcheck.hpp"

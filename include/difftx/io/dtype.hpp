@@ -1,0 +1,127 @@
+// The element types difftx files carry, and conversion between their bytes
+// and any difftx::Scalar (through double, which holds every one exactly).
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "difftx/core/scalar_traits.hpp"
+
+namespace difftx::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "difftx::io reads and writes little-endian files and supports little-endian hosts only");
+
+enum class dtype { f64, f32, f16, bf16 };
+
+// The safetensors spelling: "F64", "F32", "F16", "BF16".
+constexpr std::string_view safetensors_name(dtype t) noexcept {
+  switch (t) {
+    case dtype::f64: return "F64";
+    case dtype::f32: return "F32";
+    case dtype::f16: return "F16";
+    case dtype::bf16: return "BF16";
+  }
+  return "?";
+}
+
+constexpr std::size_t size_of(dtype t) noexcept {
+  return t == dtype::f64 ? 8 : t == dtype::f32 ? 4 : 2;
+}
+
+inline std::optional<dtype> parse_safetensors_dtype(std::string_view name) noexcept {
+  for (dtype t : {dtype::f64, dtype::f32, dtype::f16, dtype::bf16})
+    if (safetensors_name(t) == name) return t;
+  return std::nullopt;
+}
+
+// The user-facing spelling: "float64", "float32", "float16", "bfloat16".
+constexpr std::string_view dtype_name(dtype t) noexcept {
+  switch (t) {
+    case dtype::f64: return "float64";
+    case dtype::f32: return "float32";
+    case dtype::f16: return "float16";
+    case dtype::bf16: return "bfloat16";
+  }
+  return "?";
+}
+
+inline std::optional<dtype> parse_dtype_name(std::string_view name) noexcept {
+  for (dtype t : {dtype::f64, dtype::f32, dtype::f16, dtype::bf16})
+    if (dtype_name(t) == name) return t;
+  return std::nullopt;
+}
+
+// Decodes `count` elements of type t from bytes.
+inline std::vector<double> decode(dtype t, const std::byte* bytes, std::size_t count) {
+  std::vector<double> out(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::byte* p = bytes + i * size_of(t);
+    switch (t) {
+      case dtype::f64: std::memcpy(&out[i], p, 8); break;
+      case dtype::f32: {
+        float f;
+        std::memcpy(&f, p, 4);
+        out[i] = f;
+        break;
+      }
+      case dtype::f16: {
+        std::uint16_t raw;
+        std::memcpy(&raw, p, 2);
+        out[i] = static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(raw));
+        break;
+      }
+      case dtype::bf16: {
+        std::uint16_t raw;
+        std::memcpy(&raw, p, 2);
+        out[i] = static_cast<float>(Eigen::numext::bit_cast<Eigen::bfloat16>(raw));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// Encodes values as type t, rounding to nearest even where t is narrower.
+inline std::vector<std::byte> encode(dtype t, const std::vector<double>& values) {
+  std::vector<std::byte> out(values.size() * size_of(t));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    std::byte* p = out.data() + i * size_of(t);
+    switch (t) {
+      case dtype::f64: std::memcpy(p, &values[i], 8); break;
+      case dtype::f32: {
+        const float f = static_cast<float>(values[i]);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case dtype::f16: {
+        const auto raw = Eigen::numext::bit_cast<std::uint16_t>(Eigen::half(static_cast<float>(values[i])));
+        std::memcpy(p, &raw, 2);
+        break;
+      }
+      case dtype::bf16: {
+        const auto raw = Eigen::numext::bit_cast<std::uint16_t>(Eigen::bfloat16(static_cast<float>(values[i])));
+        std::memcpy(p, &raw, 2);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+template <Scalar T>
+std::vector<double> to_doubles(const T* data, std::size_t count) {
+  std::vector<double> out(count);
+  for (std::size_t i = 0; i < count; ++i) out[i] = scalar_traits<T>::to_double(data[i]);
+  return out;
+}
+
+}  // namespace difftx::io

@@ -1,0 +1,71 @@
+// Named tensors in memory, as files hold them: element type, shape and raw
+// little-endian bytes. safetensors files map onto a tensor_file; an .npy file
+// onto one stored_tensor.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "difftx/core/checks.hpp"
+#include "difftx/io/dtype.hpp"
+
+namespace difftx::io {
+
+struct stored_tensor {
+  dtype type = dtype::f32;
+  std::vector<index_t> shape;
+  std::vector<std::byte> bytes;
+
+  index_t size() const noexcept {
+    index_t n = 1;
+    for (auto e : shape) n *= e;
+    return n;
+  }
+  std::vector<double> values() const { return decode(type, bytes.data(), static_cast<std::size_t>(size())); }
+
+  static stored_tensor from_values(dtype type, std::vector<index_t> shape, const std::vector<double>& values) {
+    return {type, std::move(shape), encode(type, values)};
+  }
+  template <Scalar T, std::size_t R>
+  static stored_tensor from_view(dtype type, TensorView<const T, R> view) {
+    require_space("stored_tensor::from_view", "view", view, memory_space::host);
+    return from_values(type, std::vector<index_t>(view.shape().begin(), view.shape().end()),
+                       to_doubles(view.data(), static_cast<std::size_t>(view.size())));
+  }
+
+  // The values as a Tensor<T, R> of the expected shape; `where` and `name`
+  // label the error when the shape differs.
+  template <Scalar T, std::size_t R>
+  Tensor<T, R> to_tensor(std::string_view where, std::string_view name, const shape_t<R>& expected) const {
+    require(shape == std::vector<index_t>(expected.begin(), expected.end()), where, name,
+            "shape " + shape_string(expected), "shape " + shape_string(shape));
+    Tensor<T, R> out(expected);
+    const auto v = values();
+    for (std::size_t i = 0; i < v.size(); ++i) out.data()[i] = scalar_traits<T>::from_double(v[i]);
+    return out;
+  }
+};
+
+struct tensor_file {
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, stored_tensor> tensors;
+
+  bool contains(const std::string& name) const { return tensors.count(name) != 0; }
+
+  // The tensor called name; `where` and `label` (the file) name the error.
+  const stored_tensor& at(const std::string& name, std::string_view where, std::string_view label) const {
+    auto it = tensors.find(name);
+    require(it != tensors.end(), where, name, "a tensor named '" + name + "' in " + std::string(label),
+            "no such tensor (" + std::to_string(tensors.size()) + " tensors in the file)");
+    return it->second;
+  }
+  const std::string& meta(const std::string& key, std::string_view where, std::string_view label) const {
+    auto it = metadata.find(key);
+    require(it != metadata.end(), where, key, "metadata key '" + key + "' in " + std::string(label), "none");
+    return it->second;
+  }
+};
+
+}  // namespace difftx::io

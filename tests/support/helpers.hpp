@@ -1,0 +1,84 @@
+// Helpers shared by the test suites: parameter randomisation in the fixtures'
+// distributions, cross-type copies, and the normwise difference tests use.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include <difftx/difftx.hpp>
+
+namespace test_support {
+
+using difftx::index_t;
+
+// Every parameter drawn so each gradient is exercised with non-trivial values:
+// projections ~ N(0, 1.5^2 / in), lambda vectors ~ N(0, 0.3^2), norm weights ~ 1 + 0.2 N(0, 1).
+template <class Module>
+void randomise_parameters(Module& module, std::uint64_t seed) {
+  using T = typename Module::value_type;
+  difftx::random_stream rng(seed);
+  for (auto& p : module.parameters()) {
+    auto v = p.value_view();
+    for (index_t i = 0; i < p.size(); ++i) {
+      double x;
+      if (p.shape.size() == 2)
+        x = rng.normal(0.0, 1.5 / std::sqrt(static_cast<double>(p.shape[1])));
+      else if (p.name.find("lambda") != std::string::npos)
+        x = rng.normal(0.0, 0.3);
+      else
+        x = 1.0 + 0.2 * rng.normal();
+      v.data()[i] = difftx::scalar_traits<T>::from_double(x);
+    }
+  }
+}
+
+// Copies parameter values between modules of the same shape and any number types.
+template <class To, class From>
+void copy_parameters(To& to, From& from) {
+  using T = typename To::value_type;
+  using F = typename From::value_type;
+  auto dst = to.parameters();
+  auto src = from.parameters();
+  REQUIRE(dst.size() == src.size());
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    REQUIRE(dst[i].name == src[i].name);
+    for (index_t e = 0; e < dst[i].size(); ++e)
+      dst[i].value[e] = difftx::scalar_traits<T>::from_double(difftx::scalar_traits<F>::to_double(src[i].value[e]));
+  }
+}
+
+template <class T, std::size_t R, class F>
+difftx::Tensor<T, R> convert(const difftx::Tensor<F, R>& from) {
+  difftx::Tensor<T, R> to(from.shape());
+  for (index_t i = 0; i < from.size(); ++i)
+    to.data()[i] = difftx::scalar_traits<T>::from_double(difftx::scalar_traits<F>::to_double(from.data()[i]));
+  return to;
+}
+
+template <class T, std::size_t R>
+difftx::Tensor<T, R> random_tensor(const difftx::shape_t<R>& shape, std::uint64_t seed, double stddev = 1.0) {
+  difftx::Tensor<T, R> t(shape);
+  difftx::random_stream rng(seed);
+  difftx::fill_normal(t.view(), rng, 0.0, stddev);
+  return t;
+}
+
+// Normwise relative difference max_i |a_i - b_i| / max_i |b_i| (b is the
+// reference). Elementwise relative error is meaningless where b_i ≈ 0.
+template <class A, class B>
+double normwise_difference(const A* a, const B* b, index_t n) {
+  double diff = 0, scale = 0;
+  for (index_t i = 0; i < n; ++i) {
+    const double av = difftx::scalar_traits<A>::to_double(a[i]), bv = difftx::scalar_traits<B>::to_double(b[i]);
+    diff = std::max(diff, std::abs(av - bv));
+    scale = std::max(scale, std::abs(bv));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+}  // namespace test_support
