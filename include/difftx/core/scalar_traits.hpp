@@ -74,7 +74,10 @@ using accum_t = typename scalar_traits<T>::accum_type;
 //  - A constructible from a double constant, with + - * / unary-, and <,
 //  - exp, log and sqrt on A, a printable name and T's unit roundoff.
 template <class T>
-concept Scalar = std::copyable<T> && requires(T x, accum_t<T> a, double d) {
+concept has_scalar_traits = requires { typename scalar_traits<T>::accum_type; };
+
+template <class T>
+concept Scalar = has_scalar_traits<T> && std::copyable<T> && requires(T x, accum_t<T> a, double d) {
   requires std::copyable<accum_t<T>>;
   requires std::constructible_from<accum_t<T>, double>;
   { scalar_traits<T>::name } -> std::convertible_to<std::string_view>;
@@ -94,14 +97,12 @@ concept Scalar = std::copyable<T> && requires(T x, accum_t<T> a, double d) {
   { a < a } -> std::convertible_to<bool>;
 };
 
-// Put at the top of every class template taking a number type, so a wrong type
-// fails with this one message instead of pages of substitution failures.
-#define DIFFTX_REQUIRE_SCALAR(T)                                                         \
-  static_assert(::difftx::Scalar<T>,                                                     \
-                "difftx: this number type is not a difftx::Scalar. Specialise "          \
-                "difftx::scalar_traits<T> (see difftx/core/scalar_traits.hpp) with "     \
-                "accum_type, name, epsilon, to_accum, from_accum, to_double, "           \
-                "from_double, exp, log and sqrt.")
+// A policy computes with the number types it lists (policy::reference: every
+// Scalar; policy::simd: float, double, float16, bfloat16; ...). Modules are
+// constrained on both, so a wrong type fails with one "constraints not
+// satisfied" error whose note names the requirement that failed.
+template <class Policy, class T>
+concept supported_by = Scalar<T> && Policy::template supports<T>;
 
 // Small helpers so kernels read like the math.
 template <class T>

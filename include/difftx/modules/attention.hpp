@@ -24,9 +24,9 @@ struct AttentionConfig {
   bool causal = true;
 };
 
-template <class T, index_t D, class Policy = policy::reference>
+template <Scalar T, index_t D, class Policy = policy::reference>
+  requires supported_by<Policy, T>
 class Attention {
-  DIFFTX_REQUIRE_SCALAR(T);
   static_assert(D > 0 && D % 2 == 0, "difftx: the head size D must be positive and even (interleaved RoPE pairs)");
   using linear_type = Linear<T, Policy>;
 

@@ -21,9 +21,9 @@ struct DecoderLayerConfig {
   double eps = 1e-5;          // of attn_norm and ffn_norm (the subln's is fixed at 1e-5)
 };
 
-template <class T, index_t D, class Policy = policy::reference>
+template <Scalar T, index_t D, class Policy = policy::reference>
+  requires supported_by<Policy, T>
 class DecoderLayer {
-  DIFFTX_REQUIRE_SCALAR(T);
   using norm_type = RMSNorm<T, Policy>;
   using attn_type = MultiHead<T, D, Policy>;
   using ffn_type = SwiGLU<T, Policy>;

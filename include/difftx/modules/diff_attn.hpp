@@ -34,9 +34,9 @@ inline index_t checked_kv_heads(std::string_view where, index_t heads, index_t k
 }
 }  // namespace detail
 
-template <class T, index_t D, class Policy = policy::reference>
+template <Scalar T, index_t D, class Policy = policy::reference>
+  requires supported_by<Policy, T>
 class DiffAttn {
-  DIFFTX_REQUIRE_SCALAR(T);
   static_assert(D > 0 && D % 2 == 0, "difftx: the half head size D must be positive and even (interleaved RoPE pairs)");
 
  public:

@@ -13,9 +13,9 @@
 
 namespace difftx {
 
-template <class T, class Policy = policy::reference>
+template <Scalar T, class Policy = policy::reference>
+  requires supported_by<Policy, T>
 class Linear {
-  DIFFTX_REQUIRE_SCALAR(T);
 
  public:
   using value_type = T;

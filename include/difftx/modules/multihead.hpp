@@ -25,9 +25,9 @@ struct MultiHeadConfig {
   bool causal = true;
 };
 
-template <class T, index_t D, class Policy = policy::reference>
+template <Scalar T, index_t D, class Policy = policy::reference>
+  requires supported_by<Policy, T>
 class MultiHead {
-  DIFFTX_REQUIRE_SCALAR(T);
   static_assert(D > 0 && D % 2 == 0, "difftx: the half head size D must be positive and even (interleaved RoPE pairs)");
   using linear_type = Linear<T, Policy>;
   using attn_type = DiffAttn<T, D, Policy>;

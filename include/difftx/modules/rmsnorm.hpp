@@ -12,9 +12,9 @@
 
 namespace difftx {
 
-template <class T, class Policy = policy::reference>
+template <Scalar T, class Policy = policy::reference>
+  requires supported_by<Policy, T>
 class RMSNorm {
-  DIFFTX_REQUIRE_SCALAR(T);
 
  public:
   using value_type = T;

@@ -14,9 +14,9 @@ namespace difftx {
 // The spec's default hidden size: 8/3 · C rounded up to a multiple of 64.
 constexpr index_t default_ffn_dim(index_t d_model) noexcept { return ((8 * d_model + 3 * 64 - 1) / (3 * 64)) * 64; }
 
-template <class T, class Policy = policy::reference>
+template <Scalar T, class Policy = policy::reference>
+  requires supported_by<Policy, T>
 class SwiGLU {
-  DIFFTX_REQUIRE_SCALAR(T);
 
  public:
   using value_type = T;

@@ -1,0 +1,195 @@
+// Bad input: every public entry throws difftx::input_error naming the entry,
+// the argument, what it expected and what it got, and writes nothing: outputs,
+// gradient buffers, saved state and parameters keep their values.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <string>
+
+#include <difftx/difftx.hpp>
+
+#include "support/helpers.hpp"
+
+using namespace difftx;
+
+namespace {
+
+// Runs f, which must throw input_error whose parts contain the given words.
+void expect_input_error(const std::function<void()>& f, const std::string& where, const std::string& argument,
+                        const std::string& expected, const std::string& got) {
+  try {
+    f();
+    FAIL("no input_error thrown (expected one from " << where << " about " << argument << ")");
+  } catch (const input_error& e) {
+    INFO("message: " << e.what());
+    CHECK(e.where() == where);
+    CHECK(e.argument() == argument);
+    CHECK(e.expected().find(expected) != std::string::npos);
+    CHECK(e.got().find(got) != std::string::npos);
+    const std::string message = e.what();
+    CHECK(message.find(where) != std::string::npos);
+    CHECK(message.find(argument) != std::string::npos);
+  }
+}
+
+// A snapshot of every value a call may touch, to prove it touched none.
+template <class Module>
+std::vector<double> parameters_and_grads(Module& m) {
+  std::vector<double> all;
+  for (const auto& p : m.parameters())
+    for (index_t i = 0; i < p.size(); ++i) {
+      all.push_back(p.value[i]);
+      all.push_back(p.grad[i]);
+    }
+  return all;
+}
+template <class T, std::size_t R>
+std::vector<double> values(const Tensor<T, R>& t) {
+  return std::vector<double>(t.data(), t.data() + t.size());
+}
+template <class T, std::size_t R>
+Tensor<T, R> filled(const shape_t<R>& shape, double value) {
+  Tensor<T, R> t(shape);
+  fill_constant(t.view(), value);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("bad configurations are rejected by every constructor") {
+  expect_input_error([] { MultiHead<float, 4>({.d_model = 16, .heads = 4, .kv_heads = 3}); }, "MultiHead",
+                     "config.kv_heads", "dividing heads = 4", "3");
+  expect_input_error([] { DiffAttn<float, 4>({.heads = 6, .kv_heads = 4}); }, "DiffAttn", "config.kv_heads",
+                     "dividing heads = 6", "4");
+  expect_input_error([] { Attention<float, 4>({.d_model = 16, .heads = 2, .kv_heads = 4}); }, "Attention",
+                     "config.kv_heads", "dividing heads = 2", "4");
+  expect_input_error([] { DecoderLayer<float, 4>({{.d_model = 16, .heads = 3, .kv_heads = 2}}); }, "MultiHead",
+                     "config.kv_heads", "dividing heads = 3", "2");
+  expect_input_error([] { MultiHead<float, 4>({.d_model = 16, .heads = 0}); }, "MultiHead", "config.heads", ">= 1",
+                     "0");
+  expect_input_error([] { MultiHead<float, 4>({.d_model = 0, .heads = 2}); }, "MultiHead", "config.d_model", ">= 1",
+                     "0");
+  expect_input_error([] { MultiHead<float, 4>({.d_model = 8, .heads = 2, .layer_index = -1}); }, "MultiHead",
+                     "config.layer_index", ">= 0", "-1");
+  expect_input_error([] { MultiHead<float, 4>({.d_model = 8, .heads = 2, .rope_theta = 0}); }, "MultiHead",
+                     "config.rope_theta", "theta > 0", "0");
+  expect_input_error([] { RMSNorm<float>(0); }, "RMSNorm", "dim", "positive", "0");
+  expect_input_error([] { RMSNorm<float>(8, -1.0); }, "RMSNorm", "eps", "eps > 0", "-1");
+  expect_input_error([] { Linear<float>(0, 4); }, "Linear", "in_features", "positive", "0");
+  expect_input_error([] { SwiGLU<float>(8, -2); }, "Linear", "out_features", "positive", "-2");
+}
+
+TEST_CASE("forward and backward reject wrong shapes, empty tensors and stale saved state, writing nothing") {
+  DecoderLayer<double, 4> layer({{.d_model = 16, .heads = 2, .kv_heads = 1}, 24});
+  test_support::randomise_parameters(layer, 1);
+  const auto before = parameters_and_grads(layer);
+  auto x = test_support::random_tensor<double, 3>({2, 5, 16}, 2);
+  auto out = filled<double, 3>({2, 5, 16}, 7.0);
+  DecoderLayer<double, 4>::saved_type saved;
+
+  expect_input_error([&] { layer.forward(x.view().reshape<3>({2, 10, 8}), out.view().reshape<3>({2, 10, 8}), saved); },
+                     "DecoderLayer::forward", "x", "[B, N, 16]", "[2, 10, 8]");
+  Tensor<double, 3> empty({2, 0, 16});
+  expect_input_error([&] { layer.forward(empty.view(), empty.view(), saved); }, "DecoderLayer::forward", "x",
+                     "non-empty", "[2, 0, 16]");
+  auto small_out = filled<double, 3>({2, 4, 16}, 7.0);
+  expect_input_error([&] { layer.forward(x.view(), small_out.view(), saved); }, "DecoderLayer::forward", "out",
+                     "[2, 5, 16]", "[2, 4, 16]");
+  CHECK(values(out) == values(filled<double, 3>({2, 5, 16}, 7.0)));
+  CHECK(values(small_out) == values(filled<double, 3>({2, 4, 16}, 7.0)));
+
+  // Backward before any forward, and with the saved state of another shape.
+  auto dy = test_support::random_tensor<double, 3>({2, 5, 16}, 3);
+  auto dx = filled<double, 3>({2, 5, 16}, 7.0);
+  expect_input_error([&] { layer.backward(x.view(), dy.view(), saved, dx.view()); }, "DecoderLayer::backward", "saved",
+                     "[2, 5, 16]", "no forward");
+  layer.forward(x.view(), out.view(), saved);
+  auto x_other = test_support::random_tensor<double, 3>({1, 5, 16}, 4);
+  auto dx_other = filled<double, 3>({1, 5, 16}, 7.0);
+  expect_input_error([&] { layer.backward(x_other.view(), x_other.view(), saved, dx_other.view()); },
+                     "DecoderLayer::backward", "saved", "[1, 5, 16]", "[2, 5, 16]");
+  // A mismatched gradient buffer, and a mismatched dout.
+  auto dx_wrong = filled<double, 3>({2, 5, 15}, 7.0);
+  expect_input_error([&] { layer.backward(x.view(), dy.view(), saved, dx_wrong.view()); }, "DecoderLayer::backward",
+                     "dx", "[2, 5, 16]", "[2, 5, 15]");
+  auto dy_wrong = test_support::random_tensor<double, 3>({2, 6, 16}, 5);
+  expect_input_error([&] { layer.backward(x.view(), dy_wrong.view(), saved, dx.view()); }, "DecoderLayer::backward",
+                     "dout", "[2, 5, 16]", "[2, 6, 16]");
+  CHECK(values(dx) == values(filled<double, 3>({2, 5, 16}, 7.0)));
+  CHECK(values(dx_wrong) == values(filled<double, 3>({2, 5, 15}, 7.0)));
+  CHECK(values(dx_other) == values(filled<double, 3>({1, 5, 16}, 7.0)));
+  CHECK(parameters_and_grads(layer) == before);
+}
+
+TEST_CASE("every module names itself in its errors") {
+  auto x = test_support::random_tensor<double, 3>({1, 3, 8}, 1);
+  auto out = filled<double, 3>({1, 3, 6}, 1.0);
+  {
+    MultiHead<double, 2> m({.d_model = 6, .heads = 2});
+    typename MultiHead<double, 2>::saved_type s;
+    expect_input_error([&] { m.forward(x.view(), out.view(), s); }, "MultiHead::forward", "x", "[B, N, 6]", "[1, 3, 8]");
+  }
+  {
+    Attention<double, 2> m({.d_model = 6, .heads = 2});
+    typename Attention<double, 2>::saved_type s;
+    expect_input_error([&] { m.forward(x.view(), out.view(), s); }, "Attention::forward", "x", "[B, N, 6]", "[1, 3, 8]");
+  }
+  {
+    SwiGLU<double> m(6, 8);
+    typename SwiGLU<double>::saved_type s;
+    expect_input_error([&] { m.forward(x.view(), out.view(), s); }, "SwiGLU::forward", "x", "[B, N, 6]", "[1, 3, 8]");
+  }
+  {
+    RMSNorm<double> m(6);
+    typename RMSNorm<double>::saved_type s;
+    expect_input_error([&] { m.forward(x.view(), out.view(), s); }, "RMSNorm::forward", "x", "[B, N, 6]", "[1, 3, 8]");
+  }
+  {
+    Linear<double> m(6, 6);
+    typename Linear<double>::saved_type s;
+    expect_input_error([&] { m.forward(x.view(), out.view(), s); }, "Linear::forward", "x", "[B, N, 6]", "[1, 3, 8]");
+  }
+  {
+    DiffAttn<double, 4> m({.heads = 4, .kv_heads = 2});
+    auto q = test_support::random_tensor<double, 5>({1, 3, 4, 2, 4}, 1);
+    auto k = test_support::random_tensor<double, 5>({1, 3, 4, 2, 4}, 2);  // 4 groups, not 2
+    auto v = test_support::random_tensor<double, 4>({1, 3, 2, 8}, 3);
+    auto o = filled<double, 4>({1, 3, 4, 8}, 1.0);
+    typename DiffAttn<double, 4>::saved_type s;
+    expect_input_error([&] { m.forward(q.view(), k.view(), v.view(), o.view(), s); }, "DiffAttn::forward", "k",
+                       "[1, 3, 2, 2, 4]", "[1, 3, 4, 2, 4]");
+    CHECK(values(o) == values(filled<double, 4>({1, 3, 4, 8}, 1.0)));
+  }
+}
+
+TEST_CASE("ops check their own arguments") {
+  // RoPE needs an even vector size; the ops take it at run time.
+  Tensor<double, 4> odd({1, 2, 1, 3});
+  expect_input_error([&] { rope_forward(policy::reference{}, odd.view(), 0, 10000.0); }, "rope_forward", "x",
+                     "even vector size", "d = 3");
+  Tensor<double, 4> pairs({1, 2, 1, 4});
+  expect_input_error([&] { rope_forward(policy::reference{}, pairs.view(), -1, 10000.0); }, "rope_forward", "offset",
+                     ">= 0", "-1");
+  Tensor<double, 2> x({3, 4}), w({5, 6}), y({3, 5});
+  expect_input_error([&] { linear_forward(policy::reference{}, x.view(), w.view(), y.view()); }, "linear_forward", "w",
+                     "[N, 4]", "[5, 6]");
+  // Attention: the group count must divide the head count.
+  Tensor<double, 5> q({1, 2, 3, 1, 4}), k({1, 2, 2, 1, 4});
+  Tensor<double, 4> v({1, 2, 2, 4}), o({1, 2, 3, 4}), none;
+  Tensor<double, 4> lse({1, 3, 1, 2});
+  expect_input_error(
+      [&] {
+        attention_forward<1>(policy::reference{}, q.view(), k.view(), v.view(), cview<double, 1>{}, true, o.view(),
+                             TensorView<double, 4>{}, lse.view());
+      },
+      "attention_forward", "k", "dividing the head count H = 3", "G = 2");
+}
+
+TEST_CASE("gradcheck rejects bad options") {
+  std::vector<double> z{1.0}, g{0.0};
+  testing::gradcheck_options options;
+  options.tolerance = 0;
+  expect_input_error(
+      [&] { testing::gradcheck<double>({{"z", {1}, z.data(), g.data()}}, [] { return 0.0L; }, [] {}, options); },
+      "gradcheck", "options.tolerance", "> 0", "0");
+}
