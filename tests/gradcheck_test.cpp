@@ -159,3 +159,13 @@ TEST_CASE("gradcheck detects a wrong gradient") {
   CHECK(result.worst().worst_index == 2);
   CHECK(result.worst_error() == doctest::Approx(1e-4).epsilon(1e-3));
 }
+
+TEST_CASE("gradcheck does not pass a vacuous check") {
+  // An all-zero input makes every gradient of a pre-norm layer zero.
+  RMSNorm<double> norm(4);
+  Tensor<double, 3> zeros({1, 2, 4});
+  const auto result = testing::gradcheck(norm, zeros.view());
+  CHECK(result.gradient_scale == 0.0);
+  CHECK_FALSE(result.passed());
+  CHECK(result.report().find("vacuous") != std::string::npos);
+}

@@ -50,17 +50,21 @@ struct gradcheck_tensor {
 struct gradcheck_result {
   std::vector<gradcheck_tensor> tensors;
   double tolerance = 0;
+  double gradient_scale = 0;  // the largest |gradient| seen; 0 means the check compared only zeros
 
   const gradcheck_tensor& worst() const {
     return *std::max_element(tensors.begin(), tensors.end(),
                              [](const auto& a, const auto& b) { return a.worst_error < b.worst_error; });
   }
   double worst_error() const { return tensors.empty() ? 0.0 : worst().worst_error; }
-  bool passed() const { return worst_error() < tolerance; }
+  // A check where every gradient is zero (an all-zero input, say) proves
+  // nothing, so it does not pass.
+  bool passed() const { return gradient_scale > 0 && worst_error() < tolerance; }
 
   // One line per tensor: name, entries checked, worst error and where.
   std::string report() const {
     std::string out;
+    if (gradient_scale == 0) out += "  every gradient is zero: the check is vacuous (is the input all zeros?)\n";
     char line[512];
     for (const auto& t : tensors) {
       std::snprintf(line, sizeof line, "  %-28s %7td entries  worst %.3e at %s (analytic % .6e, numeric % .6e)\n",
@@ -152,6 +156,7 @@ gradcheck_result gradcheck(const std::vector<gradcheck_variable<T>>& variables, 
 
   gradcheck_result result;
   result.tolerance = options.tolerance;
+  result.gradient_scale = global_scale;
   for (std::size_t vi = 0; vi < variables.size(); ++vi) {
     const auto& s = samples[vi];
     double tensor_scale = 0;
