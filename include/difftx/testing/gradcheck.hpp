@@ -45,6 +45,7 @@ struct gradcheck_tensor {
   double worst_error = 0;   // as defined above
   index_t worst_index = 0;  // flat, row-major
   double analytic = 0, numeric = 0;
+  bool all_zero = false;  // every checked entry 0 in both: nothing about this tensor was tested
 };
 
 struct gradcheck_result {
@@ -67,8 +68,9 @@ struct gradcheck_result {
     if (gradient_scale == 0) out += "  every gradient is zero: the check is vacuous (is the input all zeros?)\n";
     char line[512];
     for (const auto& t : tensors) {
-      std::snprintf(line, sizeof line, "  %-28s %7td entries  worst %.3e at %s (analytic % .6e, numeric % .6e)\n",
-                    t.name.c_str(), t.checked, t.worst_error, position(t).c_str(), t.analytic, t.numeric);
+      std::snprintf(line, sizeof line, "  %-28s %7td entries  worst %.3e at %s (analytic % .6e, numeric % .6e)%s\n",
+                    t.name.c_str(), t.checked, t.worst_error, position(t).c_str(), t.analytic, t.numeric,
+                    t.all_zero ? "  all zero" : "");
       out += line;
     }
     return out;
@@ -164,6 +166,7 @@ gradcheck_result gradcheck(const std::vector<gradcheck_variable<T>>& variables, 
       tensor_scale = std::max({tensor_scale, std::abs(s.analytic[e]), std::abs(s.numeric[e])});
     const double floor = std::max({1e-3 * tensor_scale, 1e-6 * global_scale, 1e-300});
     gradcheck_tensor t{variables[vi].name, variables[vi].shape, static_cast<index_t>(s.entries.size())};
+    t.all_zero = tensor_scale == 0;
     for (std::size_t e = 0; e < s.entries.size(); ++e) {
       const double a = s.analytic[e], n = s.numeric[e];
       const double error = std::abs(a - n) / std::max({std::abs(a), std::abs(n), floor});
