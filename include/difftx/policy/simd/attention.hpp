@@ -35,14 +35,21 @@ constexpr index_t attention_block = 64;  // queries and keys per tile; a multipl
 
 inline index_t round_up(index_t n, index_t to) { return (n + to - 1) / to * to; }
 
-// The keys and values of one (batch row, group), as A.
+// The keys and values of one (batch row, group), as A. The transposed copies
+// are stored block by block, so the tile a product reads is contiguous (a
+// row stride of n_pad floats would put every row of a tile in the same L1 set
+// whenever n_pad is a multiple of 1024).
 template <class A>
 struct packed_keys {
   index_t n_pad = 0;
-  std::vector<A> kt;  // [Maps][d][n_pad]  S = Q · kt
-  std::vector<A> k;   // [Maps][n_pad][d]  dQ = dS · k          (backward)
-  std::vector<A> v;   // [n_pad][dv]       O += P · v
-  std::vector<A> vt;  // [dv][n_pad]       dP = dO · vt          (backward)
+  std::vector<A> kt;  // [blocks][Maps][d][Bs]  S = Q · kt
+  std::vector<A> k;   // [Maps][n_pad][d]       dQ = dS · k          (backward)
+  std::vector<A> v;   // [n_pad][dv]            O += P · v
+  std::vector<A> vt;  // [blocks][dv][Bs]       dP = dO · vt          (backward)
+  // The tile of kt / vt for key block kb (map m).
+  const A* kt_tile(index_t kb, index_t m, index_t d) const { return kt.data() + ((kb * maps + m) * d) * attention_block; }
+  const A* vt_tile(index_t kb, index_t dv) const { return vt.data() + kb * dv * attention_block; }
+  index_t maps = 1;
 };
 
 template <int Maps, class T>
@@ -50,8 +57,10 @@ void pack_keys(const policy::simd& p, cview<T, 5> k, cview<T, 4> v, index_t b, i
                packed_keys<accum_t<T>>& out) {
   using A = accum_t<T>;
   const index_t N = k.extent(1), G = k.extent(2), d = k.extent(4), dv = v.extent(3);
-  const index_t n_pad = round_up(N, attention_block);
+  constexpr index_t Bs = attention_block;
+  const index_t n_pad = round_up(N, Bs);
   out.n_pad = n_pad;
+  out.maps = Maps;
   auto zeroed = [](std::vector<A>& buffer, index_t size) { buffer.assign(static_cast<std::size_t>(size), A(0)); };
   zeroed(out.kt, Maps * d * n_pad);
   zeroed(out.v, n_pad * dv);
@@ -64,13 +73,14 @@ void pack_keys(const policy::simd& p, cview<T, 5> k, cview<T, 4> v, index_t b, i
     std::vector<A> row_scratch;
     for (index_t m = 0; m < Maps; ++m) {
       const A* row = accum_row(k.data() + (((b * N + t) * G + j) * Maps + m) * d, d, row_scratch);
-      for (index_t c = 0; c < d; ++c) out.kt[static_cast<std::size_t>((m * d + c) * n_pad + t)] = row[c];
+      for (index_t c = 0; c < d; ++c)
+        out.kt[static_cast<std::size_t>((((t / Bs) * Maps + m) * d + c) * Bs + t % Bs)] = row[c];
       if (for_backward) std::copy(row, row + d, out.k.begin() + (m * n_pad + t) * d);
     }
     const A* row = accum_row(v.data() + ((b * N + t) * G + j) * dv, dv, row_scratch);
     std::copy(row, row + dv, out.v.begin() + t * dv);
     if (for_backward)
-      for (index_t c = 0; c < dv; ++c) out.vt[static_cast<std::size_t>(c * n_pad + t)] = row[c];
+      for (index_t c = 0; c < dv; ++c) out.vt[static_cast<std::size_t>(((t / Bs) * dv + c) * Bs + t % Bs)] = row[c];
   }
 }
 
@@ -151,8 +161,8 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
             const index_t t0 = kb * Bs;
             for (index_t m = 0; m < Maps; ++m) {
               A* acc_m = acc.data() + m * Bs * dv;
-              tile_product<a_layout::rows>(Bs, Bs, d, q_tile.data() + m * Bs * d, d, keys.kt.data() + m * d * n_pad + t0,
-                                           n_pad, s.data(), Bs, false);
+              tile_product<a_layout::rows>(Bs, Bs, d, q_tile.data() + m * Bs * d, d, keys.kt_tile(kb, m, d), Bs, s.data(),
+                                           Bs, false);
               for (index_t i = 0; i < rows; ++i) {
                 A* s_row = s.data() + i * Bs;
                 const index_t visible = visible_keys(i0 + i, t0, N, causal);
@@ -286,8 +296,7 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
               for (index_t m = 0; m < Maps; ++m) {
                 A* pm = probabilities.data() + m * Bs * Bs;
                 const A* q_tile = q_packed.data() + ((hl * Maps + m) * n_pad + i0) * d;
-                tile_product<a_layout::rows>(Bs, Bs, d, q_tile, d, keys.kt.data() + m * d * n_pad + t0, n_pad, pm, Bs,
-                                             false);
+                tile_product<a_layout::rows>(Bs, Bs, d, q_tile, d, keys.kt_tile(kb, m, d), Bs, pm, Bs, false);
                 for (index_t i = 0; i < Bs; ++i) {
                   const index_t visible = visible_keys(i0 + i, t0, N, causal);
                   const A row_lse = visible > 0 ? lse(b, h, m, i0 + i) : A(0);
@@ -302,7 +311,7 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
               // dV += weightᵀ dO;  dP = dO Vᵀ
               tile_product<a_layout::transposed>(Bs, dv_size, Bs, weight.data(), Bs, do_tile, dv_size, dv_tile.data(),
                                                  dv_size, true);
-              tile_product<a_layout::rows>(Bs, Bs, dv_size, do_tile, dv_size, keys.vt.data() + t0, n_pad, dp.data(), Bs,
+              tile_product<a_layout::rows>(Bs, Bs, dv_size, do_tile, dv_size, keys.vt_tile(kb, dv_size), Bs, dp.data(), Bs,
                                            false);
               for (index_t m = 0; m < Maps; ++m) {
                 // dS_m = c_m P_m ⊙ (dP - D_m), with respect to the scaled scores
