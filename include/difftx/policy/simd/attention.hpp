@@ -135,7 +135,6 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
   for (index_t b = 0; b < B; ++b)
     for (index_t j = 0; j < G; ++j) {
       pack_keys<Maps, T>(p, k, v, b, j, false, keys);
-      const index_t n_pad = keys.n_pad;
 #pragma omp parallel num_threads(thread_count(p))
       {
         std::vector<A> q_tile(static_cast<std::size_t>(Maps * Bs * d)), s(static_cast<std::size_t>(Bs * Bs)),
