@@ -93,9 +93,27 @@ inline index_t visible_keys(index_t i, index_t t0, index_t N, bool causal) {
 
 template <class A>
 A row_max(const A* x, index_t n) {
-  A m = -std::numeric_limits<A>::infinity();
-  for (index_t t = 0; t < n; ++t) m = std::max(m, x[t]);
+  using V = vec<A>;
+  constexpr index_t W = V::size;
+  V vm(-std::numeric_limits<A>::infinity());
+  index_t t = 0;
+  for (; t + W <= n; t += W) vm = xsimd::max(vm, V::load_unaligned(x + t));
+  alignas(64) A lanes[W];
+  vm.store_aligned(lanes);
+  A m = lanes[0];
+  for (index_t l = 1; l < W; ++l) m = std::max(m, lanes[l]);
+  for (; t < n; ++t) m = std::max(m, x[t]);
   return m;
+}
+
+// x[0, n) *= factor
+template <class A>
+void scale_in_place(A* x, index_t n, A factor) {
+  using V = vec<A>;
+  constexpr index_t W = V::size;
+  index_t i = 0;
+  for (; i + W <= n; i += W) (V::load_unaligned(x + i) * V(factor)).store_unaligned(x + i);
+  for (; i < n; ++i) x[i] *= factor;
 }
 
 // p[t] = exp(s[t] - shift) for t < n, 0 for t in [n, attention_block); in place.
@@ -167,11 +185,14 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
                 const index_t visible = visible_keys(i0 + i, t0, N, causal);
                 const auto mi = static_cast<std::size_t>(m * Bs + i);
                 const A new_max = std::max(running_max[mi], row_max(s_row, visible));
-                const A rescale = std::exp(running_max[mi] - new_max);  // 0 on the first block
                 exponentiate(s_row, visible, new_max);
-                running_sum[mi] = running_sum[mi] * rescale + sum(s_row, visible);
-                running_max[mi] = new_max;
-                for (index_t c = 0; c < dv; ++c) acc_m[i * dv + c] *= rescale;
+                if (new_max > running_max[mi]) {  // else the old terms keep their scale
+                  const A rescale = std::exp(running_max[mi] - new_max);  // 0 on the first block
+                  running_sum[mi] *= rescale;
+                  scale_in_place(acc_m + i * dv, dv, rescale);
+                  running_max[mi] = new_max;
+                }
+                running_sum[mi] += sum(s_row, visible);
               }
               for (index_t i = rows; i < Bs; ++i) std::fill(s.begin() + i * Bs, s.begin() + (i + 1) * Bs, A(0));
               tile_product<a_layout::rows>(Bs, dv, Bs, s.data(), Bs, keys.v.data() + t0 * dv, dv, acc_m, dv, true);
@@ -183,8 +204,7 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
             for (index_t m = 0; m < Maps; ++m) {
               const auto mi = static_cast<std::size_t>(m * Bs + i);
               lse(b, h, m, i0 + i) = running_max[mi] + std::log(running_sum[mi]);
-              const A inverse = A(1) / running_sum[mi];
-              for (index_t c = 0; c < dv; ++c) acc[static_cast<std::size_t>((m * Bs + i) * dv + c)] *= inverse;
+              scale_in_place(acc.data() + (m * Bs + i) * dv, dv, A(1) / running_sum[mi]);
             }
             A* o_first = acc.data() + i * dv;
             if constexpr (Maps == 2) {
