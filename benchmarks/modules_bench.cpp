@@ -128,6 +128,83 @@ void register_attention_op(const std::string& policy, const std::string& dtype, 
     }
 }
 
+// The token-wise ops on [N, C] rows (the projection is the Q projection, C -> 2hD).
+template <class T, class Policy>
+void register_token_ops(const std::string& policy, const std::string& dtype, std::initializer_list<index_t> lengths) {
+  for (index_t n : lengths)
+    for (bool backward : {false, true}) {
+      const double N = static_cast<double>(n);
+      const std::string suffix = "/" + policy + "/" + dtype + (backward ? "/backward" : "/forward") + "/N:" + std::to_string(n);
+      auto add = [&](const std::string& op, double flops, auto body) {
+        benchmark::RegisterBenchmark(("op:" + op + suffix).c_str(), [=](benchmark::State& state) {
+          body(state);
+          set_counters(state, flops, N);
+        })->UseRealTime()->Unit(benchmark::kMillisecond);
+      };
+      add("linear", backward ? fl::linear_backward(N, 2 * h * D, C) : fl::linear_forward(N, 2 * h * D, C),
+          [=](benchmark::State& state) {
+            Policy p;
+            const auto x = random_input<T>(n, 1);
+            Tensor<T, 2> w({2 * h * D, C}), y({n, 2 * h * D}), dw(w.shape());
+            Tensor<T, 3> dx(x.shape());
+            random_stream rng(2);
+            fill_normal(w.view(), rng, 0.0, 0.03);
+            for (auto _ : state) {
+              if (backward)
+                linear_backward(p, flatten_rows(x.const_view()), w.const_view(), y.const_view(), flatten_rows(dx.view()),
+                                dw.view());
+              else
+                linear_forward(p, flatten_rows(x.const_view()), w.const_view(), y.view());
+              benchmark::ClobberMemory();
+            }
+          });
+      add("rmsnorm", 0, [=](benchmark::State& state) {
+        Policy p;
+        const auto x = random_input<T>(n, 1);
+        Tensor<T, 3> y(x.shape()), dx(x.shape());
+        Tensor<T, 1> w({C}), dw({C});
+        Tensor<accum_t<T>, 1> rstd({n});
+        fill_constant(w.view(), 1.0);
+        rmsnorm_forward(p, flatten_rows(x.const_view()), w.const_view(), 1e-5, 1.0, flatten_rows(y.view()), rstd.view());
+        for (auto _ : state) {
+          if (backward)
+            rmsnorm_backward(p, flatten_rows(x.const_view()), w.const_view(), rstd.const_view(), 1.0,
+                             flatten_rows(x.const_view()), flatten_rows(dx.view()), dw.view());
+          else
+            rmsnorm_forward(p, flatten_rows(x.const_view()), w.const_view(), 1e-5, 1.0, flatten_rows(y.view()), rstd.view());
+          benchmark::ClobberMemory();
+        }
+      });
+      add("rope", 0, [=](benchmark::State& state) {
+        Policy p;
+        Tensor<T, 4> q({1, n, 2 * h, D});
+        random_stream rng(4);
+        fill_normal(q.view(), rng);
+        for (auto _ : state) {
+          if (backward)
+            rope_backward(p, q.view(), 0, 10000.0);
+          else
+            rope_forward(p, q.view(), 0, 10000.0);
+          benchmark::ClobberMemory();
+        }
+      });
+      add("swiglu_gate", 0, [=](benchmark::State& state) {
+        Policy p;
+        Tensor<T, 2> g({n, F}), u(g.shape()), out(g.shape()), dg(g.shape()), du(g.shape());
+        random_stream rng(5);
+        fill_normal(g.view(), rng);
+        fill_normal(u.view(), rng);
+        for (auto _ : state) {
+          if (backward)
+            swiglu_gate_backward(p, g.const_view(), u.const_view(), g.const_view(), dg.view(), du.view());
+          else
+            swiglu_gate_forward(p, g.const_view(), u.const_view(), out.view());
+          benchmark::ClobberMemory();
+        }
+      });
+    }
+}
+
 // Eigen's single-precision GEMM at a square size: the rate the kernels are measured against.
 void eigen_sgemm(benchmark::State& state) {
   const auto n = static_cast<Eigen::Index>(state.range(0));
@@ -143,6 +220,8 @@ void eigen_sgemm(benchmark::State& state) {
 
 int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("eigen_sgemm", eigen_sgemm)->Arg(1024)->Arg(2048)->UseRealTime()->Unit(benchmark::kMillisecond);
+  register_token_ops<float, policy::simd>("simd", "float32", {2048});
+  register_token_ops<float, policy::reference>("reference", "float32", {256});
   register_attention_op<2, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});
   register_attention_op<1, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});
   register_attention_op<2, Eigen::bfloat16, policy::simd>("simd", "bfloat16", {2048});

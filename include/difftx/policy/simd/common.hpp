@@ -36,14 +36,20 @@ inline int thread_count(const policy::simd& p) noexcept {
 template <class T>
 void to_accum(const T* in, index_t n, accum_t<T>* out) {
   using A = accum_t<T>;
-  Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>>(out, n) =
-      Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(in, n).template cast<A>();
+  if constexpr (std::is_same_v<T, A>)
+    std::copy_n(in, n, out);
+  else
+    Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>>(out, n) =
+        Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(in, n).template cast<A>();
 }
 template <class T>
 void from_accum(const accum_t<T>* in, index_t n, T* out) {
   using A = accum_t<T>;
-  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out, n) =
-      Eigen::Map<const Eigen::Array<A, Eigen::Dynamic, 1>>(in, n).template cast<T>();
+  if constexpr (std::is_same_v<T, A>)
+    std::copy_n(in, n, out);
+  else
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out, n) =
+        Eigen::Map<const Eigen::Array<A, Eigen::Dynamic, 1>>(in, n).template cast<T>();
 }
 
 // A row of T seen as the accumulation type: the row itself when T is its own

@@ -1,6 +1,7 @@
 // simd rotary position embedding (formulas in difftx/ops/rope.hpp). For each
 // position the cosines and signed sines are tabulated once (in double, then
-// rounded, as the reference does), duplicated per pair, so a rotation is
+// rounded, as the reference does; xsimd's vector sincos keeps the table from
+// costing more than the rotations), duplicated per pair, so a rotation is
 //   out = x ⊙ [c0, c0, c1, c1, ...] + swap_pairs(x) ⊙ [-s0, s0, -s1, s1, ...].
 #pragma once
 
@@ -23,7 +24,7 @@ void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, doub
   using A = accum_t<T>;
   using V = vec<A>;
   using index_batch = xsimd::batch<xsimd::as_unsigned_integer_t<A>>;
-  constexpr index_t W = V::size;
+  constexpr index_t W = V::size, WD = vec<double>::size;
   const index_t B = x.extent(0), N = x.extent(1), H = x.extent(2), d = x.extent(3);
   std::vector<double> inverse_frequency(static_cast<std::size_t>(d / 2));
   for (index_t i = 0; i < d / 2; ++i)
@@ -31,15 +32,26 @@ void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, doub
 #pragma omp parallel num_threads(thread_count(p))
   {
     std::vector<A> cosines(static_cast<std::size_t>(d)), sines(static_cast<std::size_t>(d)), scratch(static_cast<std::size_t>(d));
+    auto set_pair = [&](index_t i, double c, double s) {
+      const auto e = static_cast<std::size_t>(2 * i);
+      cosines[e] = cosines[e + 1] = static_cast<A>(c);
+      sines[e] = static_cast<A>(-sign * s);
+      sines[e + 1] = static_cast<A>(sign * s);
+    };
 #pragma omp for schedule(static)
     for (index_t n = 0; n < N; ++n) {
       const double position = static_cast<double>(offset + n);
-      for (index_t i = 0; i < d / 2; ++i) {
+      index_t i = 0;
+      for (; i + WD <= d / 2; i += WD) {  // sin and cos in double, WD angles at a time
+        const auto [sin, cos] = xsimd::sincos(vec<double>(position) * vec<double>::load_unaligned(inverse_frequency.data() + i));
+        alignas(64) double sin_lanes[WD], cos_lanes[WD];
+        sin.store_aligned(sin_lanes);
+        cos.store_aligned(cos_lanes);
+        for (index_t l = 0; l < WD; ++l) set_pair(i + l, cos_lanes[l], sin_lanes[l]);
+      }
+      for (; i < d / 2; ++i) {
         const double angle = position * inverse_frequency[static_cast<std::size_t>(i)];
-        const A c = static_cast<A>(std::cos(angle)), s = static_cast<A>(sign * std::sin(angle));
-        cosines[static_cast<std::size_t>(2 * i)] = cosines[static_cast<std::size_t>(2 * i + 1)] = c;
-        sines[static_cast<std::size_t>(2 * i)] = -s;
-        sines[static_cast<std::size_t>(2 * i + 1)] = s;
+        set_pair(i, std::cos(angle), std::sin(angle));
       }
       for (index_t b = 0; b < B; ++b)
         for (index_t h = 0; h < H; ++h) {

@@ -18,6 +18,27 @@ void parallel_chunks(const policy::simd& p, index_t n, index_t chunk, F&& f) {
   for (index_t c = 0; c < chunks; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
 }
 
+// A chunk of T as the accumulation type: in place when T is its own
+// accumulation type, else converted into the scratch buffer.
+template <class T>
+const accum_t<T>* chunk_as_accum(const T* in, index_t n, accum_t<T>* scratch) {
+  if constexpr (std::is_same_v<T, accum_t<T>>) {
+    return in;
+  } else {
+    to_accum(in, n, scratch);
+    return scratch;
+  }
+}
+// Where a kernel writes a chunk of output: straight into T's memory when T is
+// its own accumulation type, else into scratch (then converted by the caller).
+template <class T>
+accum_t<T>* output_chunk(T* out, accum_t<T>* scratch) {
+  if constexpr (std::is_same_v<T, accum_t<T>>)
+    return out;
+  else
+    return scratch;
+}
+
 template <class A>
 vec<A> sigmoid(const vec<A>& z) {
   return vec<A>(A(1)) / (vec<A>(A(1)) + xsimd::exp(-z));
@@ -35,17 +56,18 @@ void swiglu_gate_forward(const policy::simd& p, cview<T, 2> g, cview<T, 2> u, Te
   detail::require_all_in(where, memory_space::host, {{"g", g.space()}, {"u", u.space()}, {"h", h.space()}});
   constexpr index_t W = vec<A>::size, chunk = 1024;
   parallel_chunks(p, g.size(), chunk, [&](index_t begin, index_t end) {
-    A gs[chunk], us[chunk], hs[chunk];
+    A g_chunk[chunk], u_chunk[chunk], h_chunk[chunk];
     const index_t n = end - begin;
-    to_accum(g.data() + begin, n, gs);
-    to_accum(u.data() + begin, n, us);
+    const A* gs = chunk_as_accum(g.data() + begin, n, g_chunk);
+    const A* us = chunk_as_accum(u.data() + begin, n, u_chunk);
+    A* hs = output_chunk(h.data() + begin, h_chunk);
     index_t i = 0;
     for (; i + W <= n; i += W) {
       const auto z = vec<A>::load_unaligned(gs + i);
       (z * sigmoid(z) * vec<A>::load_unaligned(us + i)).store_unaligned(hs + i);
     }
     for (; i < n; ++i) hs[i] = gs[i] / (A(1) + std::exp(-gs[i])) * us[i];
-    from_accum(hs, n, h.data() + begin);
+    if (hs == h_chunk) from_accum(hs, n, h.data() + begin);
   });
 }
 
@@ -64,11 +86,13 @@ void swiglu_gate_backward(const policy::simd& p, cview<T, 2> g, cview<T, 2> u, c
                          {{"g", g.space()}, {"u", u.space()}, {"dh", dh.space()}, {"dg", dg.space()}, {"du", du.space()}});
   constexpr index_t W = vec<A>::size, chunk = 1024;
   parallel_chunks(p, g.size(), chunk, [&](index_t begin, index_t end) {
-    A gs[chunk], us[chunk], dhs[chunk], dgs[chunk], dus[chunk];
+    A g_chunk[chunk], u_chunk[chunk], dh_chunk[chunk], dg_chunk[chunk], du_chunk[chunk];
     const index_t n = end - begin;
-    to_accum(g.data() + begin, n, gs);
-    to_accum(u.data() + begin, n, us);
-    to_accum(dh.data() + begin, n, dhs);
+    const A* gs = chunk_as_accum(g.data() + begin, n, g_chunk);
+    const A* us = chunk_as_accum(u.data() + begin, n, u_chunk);
+    const A* dhs = chunk_as_accum(dh.data() + begin, n, dh_chunk);
+    A* dgs = output_chunk(dg.data() + begin, dg_chunk);
+    A* dus = output_chunk(du.data() + begin, du_chunk);
     const vec<A> one(A(1));
     index_t i = 0;
     for (; i + W <= n; i += W) {
@@ -82,8 +106,8 @@ void swiglu_gate_backward(const policy::simd& p, cview<T, 2> g, cview<T, 2> u, c
       dgs[i] = dhs[i] * us[i] * sig * (A(1) + gs[i] * (A(1) - sig));
       dus[i] = dhs[i] * gs[i] * sig;
     }
-    from_accum(dgs, n, dg.data() + begin);
-    from_accum(dus, n, du.data() + begin);
+    if (dgs == dg_chunk) from_accum(dgs, n, dg.data() + begin);
+    if (dus == du_chunk) from_accum(dus, n, du.data() + begin);
   });
 }
 
