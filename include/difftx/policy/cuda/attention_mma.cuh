@@ -147,12 +147,14 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_forwar
   const int r0 = warp % 4 * 16, c0 = warp / 4 * C::columns;  // this warp's rows and value columns
   const float scale_log2 = s.scale * log2e;
 
+  #pragma unroll
   for (int m = 0; m < Maps; ++m)
     stage_tile(q_tile + m * mma_block * QS, QS, mma_block, D, s.N - i0, [&](int r) {
       return q + ((static_cast<long long>(b) * s.N + i0 + r) * s.H + h) * Maps * D + m * D;
     });
 
   float acc[Maps][NT][4] = {}, running_max[Maps][2], running_sum[Maps][2] = {};
+  #pragma unroll
   for (int m = 0; m < Maps; ++m) running_max[m][0] = running_max[m][1] = -FLT_MAX;
 
   const int blocks = (s.N + mma_block - 1) / mma_block;
@@ -160,6 +162,7 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_forwar
   for (int kb = 0; kb < kb_end; ++kb) {
     const int t0 = kb * mma_block;
     __syncthreads();  // every warp is done with the previous K and V tiles (and Q is staged)
+    #pragma unroll
     for (int m = 0; m < Maps; ++m)
       stage_tile(k_tile + m * mma_block * QS, QS, mma_block, D, s.N - t0, [&](int r) {
         return k + ((static_cast<long long>(b) * s.N + t0 + r) * s.G + j) * Maps * D + m * D;
@@ -168,12 +171,15 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_forwar
                [&](int r) { return v + ((static_cast<long long>(b) * s.N + t0 + r) * s.G + j) * DV; });
     __syncthreads();
 
+    #pragma unroll
     for (int m = 0; m < Maps; ++m) {
       // S = Q_m K_m^T for 16 rows x 64 keys, in log2 units.
       float score[8][4] = {};
+      #pragma unroll
       for (int k0 = 0; k0 < D; k0 += 16) {
         uint32_t a[4];
         load_a(a, q_tile + m * mma_block * QS, QS, r0, k0);
+        #pragma unroll
         for (int n = 0; n < 8; ++n) {
           uint32_t bf[2];
           load_b_rows(bf, k_tile + m * mma_block * QS, QS, k0, n * 8);
@@ -181,13 +187,16 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_forwar
         }
       }
       float tile_max[2] = {-FLT_MAX, -FLT_MAX};
+      #pragma unroll
       for (int n = 0; n < 8; ++n)
+        #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int row = i0 + r0 + g + (e / 2) * 8, key = t0 + n * 8 + 2 * t + e % 2;
           score[n][e] = visible(row, key, s.N, s.causal) ? score[n][e] * scale_log2 : -FLT_MAX;
           tile_max[e / 2] = fmaxf(tile_max[e / 2], score[n][e]);
         }
       float rescale[2];
+      #pragma unroll
       for (int half = 0; half < 2; ++half) {
         tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
         tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
@@ -196,18 +205,24 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_forwar
         running_max[m][half] = new_max;
         running_sum[m][half] *= rescale[half];
       }
+      #pragma unroll
       for (int n = 0; n < 8; ++n)
+        #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float p = score[n][e] == -FLT_MAX ? 0.0f : exp2f(score[n][e] - running_max[m][e / 2]);
           score[n][e] = p;
           running_sum[m][e / 2] += p;  // this thread's part; the quad is summed at the end
         }
+      #pragma unroll
       for (int n = 0; n < NT; ++n)
+        #pragma unroll
         for (int e = 0; e < 4; ++e) acc[m][n][e] *= rescale[e / 2];
       // O_m += P V for this warp's value columns.
+      #pragma unroll
       for (int step = 0; step < 4; ++step) {
         uint32_t a[4];
         c_to_a<DT>(a, score, step);
+        #pragma unroll
         for (int n = 0; n < NT; ++n) {
           uint32_t bf[2];
           load_b_columns(bf, v_tile, VS, step * 16, c0 + n * 8);
@@ -217,17 +232,22 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_forwar
     }
   }
 
+  #pragma unroll
   for (int m = 0; m < Maps; ++m)
+    #pragma unroll
     for (int half = 0; half < 2; ++half) {
       running_sum[m][half] += __shfl_xor_sync(0xffffffffu, running_sum[m][half], 1);
       running_sum[m][half] += __shfl_xor_sync(0xffffffffu, running_sum[m][half], 2);
     }
   const float lam = Maps == 2 ? lambda[0] : 0.0f;
+  #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = i0 + r0 + g + half * 8;
     if (row >= s.N) continue;
     const long long out_row = ((static_cast<long long>(b) * s.N + row) * s.H + h) * DV;
+    #pragma unroll
     for (int n = 0; n < NT; ++n)
+      #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = c0 + n * 8 + 2 * t + e;
         const float first = acc[0][n][half * 2 + e] / running_sum[0][half];
@@ -240,6 +260,7 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_forwar
         }
       }
     if (t == 0 && c0 == 0)
+      #pragma unroll
       for (int m = 0; m < Maps; ++m)
         lse[((static_cast<long long>(b) * s.H + h) * Maps + m) * s.N + row] =
             (running_max[m][half] + log2f(running_sum[m][half])) / log2e;
@@ -267,6 +288,7 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_backwa
   const int r0 = warp % 4 * 16, slice = warp / 4;  // this warp's 16 keys and column slice
   const float coeff[2] = {1.0f, Maps == 2 ? -lambda[0] : 0.0f};
 
+  #pragma unroll
   for (int m = 0; m < Maps; ++m)
     stage_tile(k_tile + m * mma_block * QS, QS, mma_block, D, s.N - t0, [&](int r) {
       return k + ((static_cast<long long>(b) * s.N + t0 + r) * s.G + j) * Maps * D + m * D;
@@ -281,6 +303,7 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_backwa
     for (int qb = s.causal ? blockIdx.x : 0; qb < blocks; ++qb) {
       const int i0 = qb * mma_block;
       __syncthreads();  // the previous query tiles and dS^T are no longer read
+      #pragma unroll
       for (int m = 0; m < Maps; ++m)
         stage_tile(q_tile + m * mma_block * QS, QS, mma_block, D, s.N - i0, [&](int r) {
           return q + ((static_cast<long long>(b) * s.N + i0 + r) * s.H + h) * Maps * D + m * D;
@@ -297,9 +320,11 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_backwa
 
       // dP^T = V dO^T (16 keys x 64 queries), shared by both maps.
       float dpt[8][4] = {};
+      #pragma unroll
       for (int k0 = 0; k0 < DV; k0 += 16) {
         uint32_t a[4];
         load_a(a, v_tile, VS, r0, k0);
+        #pragma unroll
         for (int n = 0; n < 8; ++n) {
           uint32_t bf[2];
           load_b_rows(bf, do_tile, VS, k0, n * 8);
@@ -307,19 +332,24 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_backwa
         }
       }
       float weight[8][4] = {};  // Σ_m c_m P_m^T
+      #pragma unroll
       for (int m = 0; m < Maps; ++m) {
         // S^T = K_m Q_m^T, then P^T = exp(S^T · scale - lse(query)), masked.
         float pt[8][4] = {};
+        #pragma unroll
         for (int k0 = 0; k0 < D; k0 += 16) {
           uint32_t a[4];
           load_a(a, k_tile + m * mma_block * QS, QS, r0, k0);
+          #pragma unroll
           for (int n = 0; n < 8; ++n) {
             uint32_t bf[2];
             load_b_rows(bf, q_tile + m * mma_block * QS, QS, k0, n * 8);
             mma_16816<DT>(pt[n], a, bf);
           }
         }
+        #pragma unroll
         for (int n = 0; n < 8; ++n)
+          #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = t0 + r0 + g + (e / 2) * 8, column = n * 8 + 2 * t + e % 2, query = i0 + column;
             const float p = visible(query, key, s.N, s.causal)
@@ -330,9 +360,11 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_backwa
             pt[n][e] = coeff[m] * p * (dpt[n][e] - rowsum_tile[m * mma_block + column]) * s.scale;
           }
         // dK_m += dS^T Q_m for this warp's slice of columns
+        #pragma unroll
         for (int step = 0; step < 4; ++step) {
           uint32_t a[4];
           c_to_a<DT>(a, pt, step);
+          #pragma unroll
           for (int n = 0; n < NK; ++n) {
             uint32_t bf[2];
             load_b_columns(bf, q_tile + m * mma_block * QS, QS, step * 16, slice * C::d_columns + n * 8);
@@ -341,14 +373,18 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_backwa
         }
         // keep dS^T for dQ (the slice-0 warps own the 16 keys' rows)
         if (slice == 0)
+          #pragma unroll
           for (int n = 0; n < 8; ++n)
+            #pragma unroll
             for (int e = 0; e < 4; ++e)
               ds_tile[(m * mma_block + r0 + g + (e / 2) * 8) * SS + n * 8 + 2 * t + e % 2] = from_float<DT>(pt[n][e]);
       }
       // dV += weight^T... in key-major form: dV[key] += Σ_query weight(key, query) dO[query]
+      #pragma unroll
       for (int step = 0; step < 4; ++step) {
         uint32_t a[4];
         c_to_a<DT>(a, weight, step);
+        #pragma unroll
         for (int n = 0; n < NV; ++n) {
           uint32_t bf[2];
           load_b_columns(bf, do_tile, VS, step * 16, slice * C::columns + n * 8);
@@ -357,18 +393,23 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_backwa
       }
       __syncthreads();  // dS^T complete
       // dQ_m = dS_m K_m: warps take 16 queries and a slice of columns, atomically added.
+      #pragma unroll
       for (int m = 0; m < Maps; ++m) {
         float dq_part[NK][4] = {};
+        #pragma unroll
         for (int step = 0; step < 4; ++step) {
           uint32_t a[4];
           load_a_transposed(a, ds_tile + m * mma_block * SS, SS, r0, step * 16);
+          #pragma unroll
           for (int n = 0; n < NK; ++n) {
             uint32_t bf[2];
             load_b_columns(bf, k_tile + m * mma_block * QS, QS, step * 16, slice * C::d_columns + n * 8);
             mma_16816<DT>(dq_part[n], a, bf);
           }
         }
+        #pragma unroll
         for (int n = 0; n < NK; ++n)
+          #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int query = i0 + r0 + g + (e / 2) * 8, col = slice * C::d_columns + n * 8 + 2 * t + e % 2;
             if (query < s.N)
@@ -379,15 +420,21 @@ __global__ void __launch_bounds__(mma_config<Maps, D>::threads) attention_backwa
     }
   }
 
+  #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = t0 + r0 + g + half * 8;
     if (key >= s.N) continue;
+    #pragma unroll
     for (int n = 0; n < NV; ++n)
+      #pragma unroll
       for (int e = 0; e < 2; ++e)
         dv[((static_cast<long long>(b) * s.N + key) * s.G + j) * DV + slice * C::columns + n * 8 + 2 * t + e] =
             from_float<DT>(dv_acc[n][half * 2 + e]);
+    #pragma unroll
     for (int m = 0; m < Maps; ++m)
+      #pragma unroll
       for (int n = 0; n < NK; ++n)
+        #pragma unroll
         for (int e = 0; e < 2; ++e)
           dk[((static_cast<long long>(b) * s.N + key) * s.G + j) * Maps * D + m * D + slice * C::d_columns + n * 8 +
              2 * t + e] = from_float<DT>(dk_acc[m][n][half * 2 + e]);
