@@ -106,7 +106,8 @@ model_run train_and_evaluate(trainer<Layer>& t, const std::string& name, const s
 template <index_t D>
 void run(const options& o) {
   const auto start = std::chrono::steady_clock::now();
-  const run_setup& s = o.setup;
+  run_setup s = o.setup;
+  s.head_dim = D;
   const index_t V = vocabulary(s.task).size;
   trainer diff(make_diff_model<D, retrieval_policy>(s.model, V), s.task, s.train);
   trainer base(make_baseline_model<D, retrieval_policy>(s.model, V), s.task, s.train);
@@ -155,20 +156,20 @@ void dispatch(const options& o) {
   }
   std::string dims;
   for (index_t d : head_dims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-  throw input_error("difftx retrieval", "--d-model/--heads", "d_model = 2 x heads x D with D in {" + dims + "}",
+  throw input_error("retrieval", "--d-model/--heads", "d_model = 2 x heads x D with D in {" + dims + "}",
                     "d_model " + std::to_string(m.d_model) + " and " + std::to_string(m.heads) + " heads");
 }
 
 // Everything a run needs checked before the first step, as bad input (exit 3).
 void check(const options& o) {
   const auto& s = o.setup;
-  for (const auto& mix : task_mix) check_task(s.task, mix.needles, mix.queries);
-  require(s.model.layers >= 1, "difftx retrieval", "--layers", "at least 1", std::to_string(s.model.layers));
-  require(s.train.warmup < s.train.steps, "difftx retrieval", "--warmup", "fewer warm-up steps than --steps = " + std::to_string(s.train.steps),
+  check_task(s.task);
+  require(s.model.layers >= 1, "retrieval", "--layers", "at least 1", std::to_string(s.model.layers));
+  require(s.train.warmup < s.train.steps, "retrieval", "--warmup", "fewer warm-up steps than --steps = " + std::to_string(s.train.steps),
           std::to_string(s.train.warmup));
   std::error_code ec;
   std::filesystem::create_directories(o.out, ec);
-  require(!ec && std::filesystem::is_directory(o.out), "difftx retrieval", "--out", "a folder that can be created",
+  require(!ec && std::filesystem::is_directory(o.out), "retrieval", "--out", "a folder that can be created",
           o.out.string() + (ec ? " (" + ec.message() + ")" : ""));
 }
 
@@ -182,10 +183,10 @@ void add_retrieval_command(CLI::App& app) {
       "multi-needle retrieval; write report.md, report.json, CSV logs and PNG figures to --out.");
   auto& s = o->setup;
   cmd->add_option("--out", o->out, "output folder (created)")->required();
-  auto* quick = cmd->add_flag("--quick", s.quick, "a smoke run under a minute (120 steps, small evaluation)");
+  auto* quick = cmd->add_flag("--quick", s.quick, "a smoke run under a minute (250 steps, small evaluation)");
   cmd->add_flag("--quiet", o->quiet, "no progress lines");
   // Task.
-  auto* context = cmd->add_option("--context", s.task.context, "tokens per sequence")->capture_default_str()->check(CLI::Range(8, 4096));
+  cmd->add_option("--context", s.task.context, "tokens per sequence")->capture_default_str()->check(CLI::Range(8, 4096));
   cmd->add_option("--keys", s.task.keys, "distinct key tokens")->capture_default_str()->check(CLI::Range(6, 4096));
   cmd->add_option("--values", s.task.values, "distinct value tokens")->capture_default_str()->check(CLI::Range(2, 4096));
   cmd->add_option("--filler", s.task.filler, "distinct haystack filler tokens")->capture_default_str()->check(CLI::Range(1, 4096));
@@ -198,7 +199,7 @@ void add_retrieval_command(CLI::App& app) {
   // Training.
   auto* steps = cmd->add_option("--steps", s.train.steps, "optimiser steps per model")->capture_default_str()->check(CLI::Range(1, 10000000));
   cmd->add_option("--batch", s.train.batch, "sequences per step")->capture_default_str()->check(CLI::Range(1, 4096));
-  auto* warmup = cmd->add_option("--warmup", s.train.warmup, "linear warm-up steps (then cosine decay to 10%)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  auto* warmup = cmd->add_option("--warmup", s.train.warmup, "linear warm-up steps, then cosine decay to 10% (default: min(100, steps / 10))")->check(CLI::NonNegativeNumber);
   cmd->add_option("--lr", s.train.lr, "peak learning rate (AdamW)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--weight-decay", s.train.weight_decay, "AdamW decoupled weight decay on matrices")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", s.train.seed, "seed of the data and the initialisation")->capture_default_str();
@@ -206,15 +207,15 @@ void add_retrieval_command(CLI::App& app) {
   auto* per_cell = cmd->add_option("--eval-per-cell", s.eval.per_cell, "evaluation sequences per (N, R, depth)")->capture_default_str()->check(CLI::Range(1, 100000));
   cmd->add_option("--jobs", s.jobs, "1: train the models one after the other; 2: side by side (same results)")->capture_default_str()->check(CLI::Range(1, 2));
 
-  cmd->callback([o, quick, steps, warmup, per_cell, context] {
+  cmd->callback([o, quick, steps, warmup, per_cell] {
     auto& st = o->setup;
     if (quick->count() > 0) {  // explicit flags still win
-      if (steps->count() == 0) st.train.steps = 120;
-      if (warmup->count() == 0) st.train.warmup = 20;
+      if (steps->count() == 0) st.train.steps = 250;
       if (per_cell->count() == 0) st.eval.per_cell = 4;
       st.eval.stats_batch = 4;
     }
-    (void)context;
+    // Unless given, the warm-up is a tenth of the steps, at most the default.
+    if (warmup->count() == 0) st.train.warmup = std::min(st.train.warmup, st.train.steps / 10);
     st.policy = retrieval_policy::name;
     check(*o);
     dispatch(*o);

@@ -32,23 +32,22 @@
 namespace difftx::retrieval {
 
 struct model_config {
-  index_t d_model = 64;  // C
+  index_t d_model = 32;  // C
   index_t heads = 2;     // h differential heads of 2·D (D = C / 2h); the baseline has 2h of D
   index_t layers = 2;
-  index_t ffn_dim = 128;  // SwiGLU hidden size F
+  index_t ffn_dim = 64;  // SwiGLU hidden size F
 };
 
 struct train_config {
-  index_t steps = 1500;
-  index_t batch = 8;
+  index_t steps = 2000;
+  index_t batch = 16;
   index_t warmup = 100;
-  double lr = 2e-3;
+  double lr = 5e-3;
   double final_lr_ratio = 0.1;
-  double weight_decay = 0.1;
+  double weight_decay = 0.01;
   double beta1 = 0.9, beta2 = 0.98;  // the paper's betas
   double clip = 1.0;                 // global gradient-norm clip; 0: none
   std::uint64_t seed = 1;
-  training_mix mix = training_mix::every_needle;
 };
 
 struct eval_config {
@@ -211,7 +210,7 @@ class trainer {
     const auto start = std::chrono::steady_clock::now();
     for (index_t step = 0; step < train_.steps; ++step) {
       std::vector<example> examples;
-      for (index_t i = 0; i < train_.batch; ++i) examples.push_back(generate_training(task_, data, train_.mix));
+      for (index_t i = 0; i < train_.batch; ++i) examples.push_back(generate_training(task_, data));
       const batch b = make_batch(std::move(examples));
       logits_.resize(model_.output_shape(b.tokens.shape()));
       dlogits_.resize(logits_.shape());
@@ -370,11 +369,10 @@ class trainer {
   }
 
   // Every attention logit (both maps of every head, every causal query-key
-  // pair, every layer) and every layer output, over a batch of sequences drawn
-  // as evaluated ((N, R) uniform over task_mix).
+  // pair, every layer) and every layer output, over a batch of training-mix sequences.
   void measure_magnitudes(const eval_config& config, random_stream& data, evaluation& result) {
     std::vector<example> examples;
-    for (index_t i = 0; i < config.stats_batch; ++i) examples.push_back(generate_training(task_, data, training_mix::paper));
+    for (index_t i = 0; i < config.stats_batch; ++i) examples.push_back(generate_training(task_, data));
     const batch b = make_batch(std::move(examples));
     typename model_type::saved_type saved;
     logits_.resize(model_.output_shape(b.tokens.shape()));

@@ -34,7 +34,7 @@ struct run_setup {
   eval_config eval;
   std::string policy;
   index_t head_dim = 0;  // D
-  int jobs = 1;
+  int jobs = 2;
   bool quick = false;
 };
 
@@ -186,14 +186,12 @@ inline std::vector<std::pair<std::string, std::string>> figure_scripts(const mod
   scripts.emplace_back("loss", head +
                                    "set terminal pngcairo size 1200,450 font 'sans,10'\nset output 'loss.png'\n"
                                    "set multiplot layout 1,2\n"
-                                   "set title 'training loss (answer tokens; 50-step running mean)'\nset xlabel 'step'\n"
-                                   "n = 50\nbin(x) = x\n"
-                                   "sd = 0; sb = 0\n"
+                                   "set title 'training loss on the answer tokens'\nset xlabel 'step'\n"
                                    "plot 'training.csv' using 1:3 with lines lw 0.5 lc rgb '#a0c4ff' title 'DIFF (per step)', "
                                    "'' using 1:6 with lines lw 0.5 lc rgb '#ffb3a0' title 'Transformer (per step)', "
-                                   "'' using 1:(column(3)) smooth bezier lw 2 lc rgb '#1f4e9c' title 'DIFF (smoothed)', "
-                                   "'' using 1:(column(6)) smooth bezier lw 2 lc rgb '#b8321a' title 'Transformer (smoothed)'\n"
-                                   "set title 'training accuracy on answer tokens (teacher forced)'\nset yrange [0:1]\n"
+                                   "'' using 1:3 smooth bezier lw 2 lc rgb '#1f4e9c' title 'DIFF (smoothed)', "
+                                   "'' using 1:6 smooth bezier lw 2 lc rgb '#b8321a' title 'Transformer (smoothed)'\n"
+                                   "set title 'training accuracy on the answer tokens (teacher forced, smoothed)'\nset yrange [0:1]\n"
                                    "plot 'training.csv' using 1:4 smooth bezier lw 2 lc rgb '#1f4e9c' title 'DIFF', "
                                    "'' using 1:7 smooth bezier lw 2 lc rgb '#b8321a' title 'Transformer'\n"
                                    "unset multiplot\n");
@@ -210,19 +208,37 @@ inline std::vector<std::pair<std::string, std::string>> figure_scripts(const mod
                                        "plot 'by_depth.csv' using 1:2 lw 2 pt 7 lc rgb '#1f4e9c' title 'DIFF', "
                                        "'' using 1:3 lw 2 pt 5 lc rgb '#b8321a' title 'Transformer'\n"
                                        "unset multiplot\n");
+  // Both models on one scale per row: the mean over layers (as Table 3 averages), then the last layer.
+  const auto& q = base.eval.profile;
+  const std::size_t last = p.by_layer.empty() ? 0 : p.by_layer.size() - 1;
+  auto range = [&](auto&& value) {
+    double lo = 0, hi = 0;
+    for (std::size_t t = 0; t < p.mean.size() && t < q.mean.size(); ++t)
+      for (double v : {value(p, t), value(q, t)}) {
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+      }
+    return "set yrange [" + std::to_string(lo - 0.05 * (hi - lo)) + ":" + std::to_string(hi + 0.05 * (hi - lo)) + "]\n";
+  };
+  const std::string mean_range = range([](const attention_profile& a, std::size_t t) { return a.mean[t]; });
+  const std::string last_range = range([&](const attention_profile& a, std::size_t t) { return a.by_layer[last][t]; });
+  const std::string last_column_diff = std::to_string(6 + 2 * last), last_column_base = std::to_string(7 + 2 * last);
   const std::string span = "set object 1 rect from " + std::to_string(p.span_begin) + "-0.5, graph 0 to " +
                            std::to_string(p.span_end) + "-0.5, graph 1 behind fc rgb '#fff2a8' fs solid 1.0 noborder\n";
+  auto panel = [&](const std::string& model, const std::string& what, const std::string& column, const std::string& color) {
+    return "set title \"" + model + ": " + what + "\"\nplot 'attention_profile.csv' using 1:" + column +
+           " with boxes lc rgb '" + color + "' notitle\n";
+  };
+  const std::string last_name = "layer " + std::to_string(last) + " (last), mean over heads";
   scripts.emplace_back("attention", head +
-                                        "set terminal pngcairo size 1400,450 font 'sans,10'\nset output 'attention.png'\n"
-                                        "set multiplot layout 1,2\nset xlabel 'context position (yellow: the queried needle)'\n"
-                                        "set ylabel 'normalised attention (w / sum |w|), mean over layers and heads'\n"
-                                        "set style fill solid 1.0 noborder\nset boxwidth 0.8\nset xrange [-1:" +
-                                        std::to_string(p.answer_position + 1) + "]\nset yrange [*:*]\n" + span +
-                                        "set title \"" + diff.label + ": attention of the answer-producing position\"\n"
-                                        "plot 'attention_profile.csv' using 1:4 with boxes lc rgb '#1f4e9c' notitle\n"
-                                        "set title \"" + base.label + ": attention of the answer-producing position\"\n"
-                                        "plot 'attention_profile.csv' using 1:5 with boxes lc rgb '#b8321a' notitle\n"
-                                        "unset multiplot\n");
+                                        "set terminal pngcairo size 1400,800 font 'sans,10'\nset output 'attention.png'\n"
+                                        "set multiplot layout 2,2\nset xlabel 'context position (yellow: the queried needle)'\n"
+                                        "set ylabel 'w / sum |w|'\nset style fill solid 1.0 noborder\nset boxwidth 0.8\n"
+                                        "set xrange [-1:" + std::to_string(p.answer_position + 1) + "]\n" + span + mean_range +
+                                        panel(diff.label, "mean over layers and heads", "4", "#1f4e9c") +
+                                        panel(base.label, "mean over layers and heads", "5", "#b8321a") + last_range +
+                                        panel(diff.label, last_name, last_column_diff, "#1f4e9c") +
+                                        panel(base.label, last_name, last_column_base, "#b8321a") + "unset multiplot\n");
   return scripts;
 }
 
@@ -413,7 +429,9 @@ inline std::string markdown(const run_setup& s, const model_run& diff, const mod
   auto has = [&](const std::string& name) { return std::find(figures.begin(), figures.end(), name) != figures.end(); };
   if (has("attention"))
     md << "Attention of the answer-producing position over the context, the same sequence for both models (" << profile_cell.needles
-       << " needles, the queried one at " << depth_name(profile_depth) << " depth, shaded), like the paper's Figure 1:\n\n![attention](attention.png)\n\n";
+       << " needles, the queried one at " << depth_name(profile_depth)
+       << " depth, shaded), like the paper's Figure 1; top: mean over layers and heads, bottom: the last layer:\n\n"
+          "![attention](attention.png)\n\n";
   if (has("accuracy")) md << "![accuracy](accuracy.png)\n\n";
   if (has("loss")) md << "![loss](loss.png)\n\n";
 
