@@ -205,6 +205,8 @@ TEST_CASE("LanguageModel: parameter names and layer outputs and matched paramete
   Tensor<float, 3> logits(d.output_shape(tokens.shape()));
   decltype(d)::saved_type saved;
   d.forward(tokens.view(), logits.view(), saved);
+  decltype(d)::saved_type unfilled;
+  CHECK_THROWS_AS(d.backward(tokens.view(), logits.view(), unfilled), input_error);
   CHECK(&d.layer_output(saved, 0) == &saved.stack.inputs[0]);
   CHECK(&d.layer_output(saved, 1) == &saved.hidden);
   CHECK_THROWS_AS(d.layer_output(saved, 2), input_error);

@@ -36,14 +36,18 @@ struct AttentionMaps {
 };
 
 namespace detail {
+// saved_for: the input shape the saved state records ({} before any forward).
 template <Scalar T>
-AttentionMaps<accum_t<T>> attention_maps_from(std::string_view where, cview<T, 5> q, cview<T, 5> k,
-                                              cview<accum_t<T>, 4> lse, double lambda, bool causal, index_t batch,
-                                              std::span<const index_t> rows) {
+AttentionMaps<accum_t<T>> attention_maps_from(const shape_t<3>& saved_for, cview<T, 5> q, cview<T, 5> k,
+                                              cview<accum_t<T>, 4> lse, cview<accum_t<T>, 1> lambda_view, bool causal,
+                                              index_t batch, std::span<const index_t> rows) {
   using A = accum_t<T>;
-  require_nonempty(where, "saved", q);
-  for (const auto& [name, space] : {std::pair{"saved.q", q.space()}, std::pair{"saved.k", k.space()}})
+  constexpr std::string_view where = "attention_maps";
+  require(saved_for != shape_t<3>{}, where, "saved", "the state of a forward", "a state no forward has filled");
+  for (const auto& [name, space] : {std::pair{"saved.q", q.space()}, std::pair{"saved.k", k.space()},
+                                    std::pair{"saved.lse", lse.space()}, std::pair{"saved.lambda", lambda_view.space()}})
     require(space == memory_space::host, where, name, "host memory", std::string(to_string(space)) + " memory");
+  const double lambda = lambda_view.empty() ? 0.0 : static_cast<double>(lambda_view(0));
   const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), Maps = q.extent(3), d = q.extent(4);
   const index_t group_size = H / k.extent(2);
   require(batch >= 0 && batch < B, where, "batch", "an index in [0, " + std::to_string(B) + ")", std::to_string(batch));
@@ -80,11 +84,8 @@ template <Scalar T, index_t D, class Policy>
 AttentionMaps<accum_t<T>> attention_maps(const MultiHead<T, D, Policy>& module,
                                          const typename MultiHead<T, D, Policy>::saved_type& saved, index_t batch,
                                          std::span<const index_t> rows) {
-  constexpr std::string_view where = "attention_maps";
-  require(saved.input_shape != shape_t<3>{}, where, "saved", "the state of a MultiHead forward", "a state no forward has filled");
-  require_space(where, "saved.lambda", saved.attn.lambda.view(), memory_space::host);
-  return detail::attention_maps_from<T>(where, saved.q.view(), saved.k.view(), saved.attn.lse.view(),
-                                        static_cast<double>(saved.attn.lambda(0)), module.config().causal, batch, rows);
+  return detail::attention_maps_from<T>(saved.input_shape, saved.q.view(), saved.k.view(), saved.attn.lse.view(),
+                                        saved.attn.lambda.view(), module.config().causal, batch, rows);
 }
 
 // Attention (the baseline): maps = 1, weights = A per head.
@@ -92,10 +93,8 @@ template <Scalar T, index_t D, class Policy>
 AttentionMaps<accum_t<T>> attention_maps(const Attention<T, D, Policy>& module,
                                          const typename Attention<T, D, Policy>::saved_type& saved, index_t batch,
                                          std::span<const index_t> rows) {
-  constexpr std::string_view where = "attention_maps";
-  require(saved.input_shape != shape_t<3>{}, where, "saved", "the state of an Attention forward", "a state no forward has filled");
-  return detail::attention_maps_from<T>(where, saved.q.view(), saved.k.view(), saved.lse.view(), 0.0,
-                                        module.config().causal, batch, rows);
+  return detail::attention_maps_from<T>(saved.input_shape, saved.q.view(), saved.k.view(), saved.lse.view(),
+                                        cview<accum_t<T>, 1>{}, module.config().causal, batch, rows);
 }
 
 }  // namespace difftx

@@ -47,10 +47,7 @@ class Embedding {
   void backward(cview<token_t, 2> tokens, cview<T, 3> dy, const saved_type& saved) {
     constexpr std::string_view where = "Embedding::backward";
     require_nonempty(where, "tokens", tokens);
-    require(saved.input_shape == tokens.shape(), where, "saved",
-            "the saved state of a forward on tokens " + shape_string(tokens.shape()),
-            saved.input_shape == shape_t<2>{} ? std::string("a state no forward has filled")
-                                              : "the state of a forward on tokens " + shape_string(saved.input_shape));
+    require_saved(where, saved.input_shape, tokens.shape(), "tokens");
     require_shape(where, "dy", dy, output_shape(tokens.shape()));
     embedding_backward(policy_, flat(tokens), flatten_rows(dy), weight_.grad.view());
   }

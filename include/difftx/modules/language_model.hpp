@@ -91,9 +91,7 @@ class LanguageModel {
   void backward(cview<token_t, 2> tokens, cview<T, 3> dlogits, const saved_type& s) {
     constexpr std::string_view where = "LanguageModel::backward";
     require_nonempty(where, "tokens", tokens);
-    require(s.input_shape == tokens.shape(), where, "saved", "the saved state of a forward on tokens " + shape_string(tokens.shape()),
-            s.input_shape == shape_t<2>{} ? std::string("a state no forward has filled")
-                                          : "the state of a forward on tokens " + shape_string(s.input_shape));
+    require_saved(where, s.input_shape, tokens.shape(), "tokens");
     require_shape(where, "dlogits", dlogits, output_shape(tokens.shape()));
     auto& memory = layers_.policy().memory();
     Tensor<T, 3> a(s.x.shape(), memory), b(s.x.shape(), memory);
