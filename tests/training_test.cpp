@@ -2,7 +2,8 @@
 // cross-entropy with ignored positions, the language model around a stack, the
 // attention-map probe, AdamW with its schedule, and gradient clipping. Gradients
 // against five-point finite differences in double (testing::gradcheck); AdamW
-// against torch.optim.AdamW; losses against values computed by hand.
+// against torch.optim.AdamW; losses against values computed by hand; the
+// language model on policy::simd against the reference.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,6 +12,9 @@
 #include <vector>
 
 #include <difftx/difftx.hpp>
+#include <difftx/policy/simd.hpp>
+#include <difftx/testing/compare.hpp>
+#include <difftx/testing/tolerance.hpp>
 
 #include "support/helpers.hpp"
 
@@ -169,6 +173,61 @@ TEST_CASE("LanguageModel: cross-entropy gradient of every parameter in both mode
   }
   check_model(LanguageModel<DecoderLayer<double, 2>>({7, 8}, std::move(diff)), "LanguageModel<DecoderLayer>");
   check_model(LanguageModel<BaselineLayer<double, 2>>({7, 8}, std::move(base)), "LanguageModel<BaselineLayer>");
+}
+
+TEST_CASE("LanguageModel: policy::simd in float matches the reference in double") {
+  // Logits, loss and every parameter gradient of the cross-entropy, both layer
+  // kinds; weights drawn in double and rounded to float for both. The model
+  // chains two layers and a head, so the bars are twice a DecoderLayer's.
+  const auto tokens = tokens_of({2, 9}, {0, 3, 6, 3, 1, 2, 2, 5, 4, 0, 1, 1, 6, 5, 3, 2, 4, 6});
+  const auto targets = tokens_of({2, 9}, {3, -1, 3, 1, 2, -1, 5, 4, 0, 6, -1, 2, 2, 1, 0, -1, 6, 5});
+  auto run = [&](auto model, std::uint64_t seed) {
+    using Model = decltype(model);
+    using T = typename Model::value_type;
+    randomise_parameters(model, seed);
+    for (auto& p : model.parameters())  // the same numbers in both types
+      for (index_t i = 0; i < p.size(); ++i) p.value[i] = static_cast<T>(static_cast<float>(p.value[i]));
+    CrossEntropyLoss<T, typename Model::policy_type> ce(model.policy());
+    typename decltype(ce)::saved_type ce_saved;
+    typename Model::saved_type saved;
+    Tensor<T, 3> logits(model.output_shape(tokens.shape())), dlogits(logits.shape());
+    zero_grad(model);
+    model.forward(tokens.view(), logits.view(), saved);
+    const double loss = ce.forward(logits.view(), targets.view(), ce_saved);
+    ce.backward(logits.view(), targets.view(), ce_saved, dlogits.view());
+    model.backward(tokens.view(), dlogits.view(), saved);
+    std::vector<std::vector<double>> grads;
+    for (auto& p : model.parameters()) grads.emplace_back(p.grad, p.grad + p.size());
+    return std::tuple{std::vector<double>(logits.data(), logits.data() + logits.size()), loss, grads};
+  };
+  auto compare = [&](const auto& fast, const auto& exact, const std::string& label) {
+    constexpr double u = scalar_traits<float>::epsilon;
+    const auto& [fl, floss, fg] = fast;
+    const auto& [el, eloss, eg] = exact;
+    const double forward = testing::normwise_difference(fl.data(), el.data(), static_cast<index_t>(el.size()));
+    double scale = 0, backward = 0;
+    for (const auto& g : eg) scale = std::max(scale, testing::max_abs(g.data(), static_cast<index_t>(g.size())));
+    for (std::size_t i = 0; i < eg.size(); ++i)
+      backward = std::max(backward, testing::normwise_difference(fg[i].data(), eg[i].data(), static_cast<index_t>(eg[i].size()), 0.1 * scale));
+    MESSAGE(label << ": logits " << forward / u << " u, gradients " << backward / u << " u");
+    CHECK(forward <= 2 * testing::tolerance<float>::forward);
+    CHECK(std::abs(floss - eloss) <= 2 * testing::tolerance<float>::forward * eloss);
+    CHECK(backward <= 2 * testing::tolerance<float>::backward);
+  };
+  auto diff = [](auto policy, auto value) {
+    using T = decltype(value);
+    std::vector<DecoderLayer<T, 8, decltype(policy)>> layers;
+    for (index_t l = 0; l < 2; ++l) layers.emplace_back(DecoderLayerConfig{{.d_model = 32, .heads = 2, .layer_index = l}, 64}, policy);
+    return LanguageModel<DecoderLayer<T, 8, decltype(policy)>>({7, 32}, std::move(layers));
+  };
+  auto base = [](auto policy, auto value) {
+    using T = decltype(value);
+    std::vector<BaselineLayer<T, 8, decltype(policy)>> layers;
+    for (index_t l = 0; l < 2; ++l) layers.emplace_back(BaselineLayerConfig{{.d_model = 32, .heads = 4}, 64}, policy);
+    return LanguageModel<BaselineLayer<T, 8, decltype(policy)>>({7, 32}, std::move(layers));
+  };
+  compare(run(diff(policy::simd{}, 0.0f), 31), run(diff(policy::reference{}, 0.0), 31), "DIFF");
+  compare(run(base(policy::simd{}, 0.0f), 32), run(base(policy::reference{}, 0.0), 32), "baseline");
 }
 
 TEST_CASE("LanguageModel: parameter names and layer outputs and matched parameter counts") {

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include <difftx/difftx.hpp>
+#include <difftx/policy/simd.hpp>
 
 #include "retrieval/experiment.hpp"
 #include "retrieval/report.hpp"
@@ -23,9 +24,10 @@ namespace {
 
 using namespace difftx::retrieval;
 
-// The policy both models compute with: switching to a faster one (e.g.
-// policy::simd from difftx/policy/simd.hpp) is this line and its include.
-using retrieval_policy = policy::reference;
+// The policies --policy offers: both models compute with the one chosen.
+// policy::reference is the default the run is sized for (its results are
+// bit-identical for any --jobs); policy::simd is several times faster.
+constexpr const char* policy_names[] = {"reference", "simd"};
 
 // The half head sizes D compiled in; --d-model / (2 · --heads) must be one.
 constexpr index_t head_dims[] = {8, 16, 32};
@@ -103,14 +105,14 @@ model_run train_and_evaluate(trainer<Layer>& t, const std::string& name, const s
   return r;
 }
 
-template <index_t D>
-void run(const options& o) {
+template <index_t D, class Policy>
+void run(const options& o, const Policy& policy) {
   const auto start = std::chrono::steady_clock::now();
   run_setup s = o.setup;
   s.head_dim = D;
   const index_t V = vocabulary(s.task).size;
-  trainer diff(make_diff_model<D, retrieval_policy>(s.model, V), s.task, s.train);
-  trainer base(make_baseline_model<D, retrieval_policy>(s.model, V), s.task, s.train);
+  trainer diff(make_diff_model<D>(s.model, V, policy), s.task, s.train);
+  trainer base(make_baseline_model<D>(s.model, V, policy), s.task, s.train);
   const std::string diff_label = "DIFF Transformer", base_label = "Transformer";
   progress p(s, o.quiet);
   p.print("difftx retrieval: %td steps x %td sequences of %td tokens; DIFF %td heads of 2x%td, Transformer %td heads of %td; "
@@ -145,13 +147,14 @@ void run(const options& o) {
   for (const auto& line : v.lines) std::printf("  - %s\n", line.c_str());
 }
 
-void dispatch(const options& o) {
+template <class Policy>
+void dispatch(const options& o, const Policy& policy) {
   const auto& m = o.setup.model;
   const index_t D = m.d_model % (2 * m.heads) == 0 ? m.d_model / (2 * m.heads) : 0;
   switch (D) {
-    case 8: return run<8>(o);
-    case 16: return run<16>(o);
-    case 32: return run<32>(o);
+    case 8: return run<8>(o, policy);
+    case 16: return run<16>(o, policy);
+    case 32: return run<32>(o, policy);
     default: break;
   }
   std::string dims;
@@ -206,6 +209,11 @@ void add_retrieval_command(CLI::App& app) {
   // Evaluation and running.
   auto* per_cell = cmd->add_option("--eval-per-cell", s.eval.per_cell, "evaluation sequences per (N, R, depth)")->capture_default_str()->check(CLI::Range(1, 100000));
   cmd->add_option("--jobs", s.jobs, "1: train the models one after the other; 2: side by side (same results)")->capture_default_str()->check(CLI::Range(1, 2));
+  s.policy = policy_names[0];
+  cmd->add_option("--policy", s.policy, "how the layers compute: reference (the default the run is sized for) or simd "
+                                        "(faster; with --jobs 2 each model gets one thread)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(policy_names), std::end(policy_names))));
 
   cmd->callback([o, quick, steps, warmup, per_cell] {
     auto& st = o->setup;
@@ -216,9 +224,11 @@ void add_retrieval_command(CLI::App& app) {
     }
     // Unless given, the warm-up is a tenth of the steps, at most the default.
     if (warmup->count() == 0) st.train.warmup = std::min(st.train.warmup, st.train.steps / 10);
-    st.policy = retrieval_policy::name;
     check(*o);
-    dispatch(*o);
+    if (st.policy == policy::simd::name)
+      dispatch(*o, policy::simd{st.jobs >= 2 ? 1 : 0});  // side by side: a thread each
+    else
+      dispatch(*o, policy::reference{});
   });
 }
 

@@ -60,7 +60,7 @@ inline std::uint64_t training_data_seed(std::uint64_t seed) { return seed * 0x9e
 inline std::uint64_t eval_data_seed(std::uint64_t seed) { return seed * 0x9e3779b97f4a7c15ULL + 2; }
 inline std::uint64_t init_seed(std::uint64_t seed) { return seed * 0x9e3779b97f4a7c15ULL + 3; }
 
-template <index_t D, class Policy>
+template <index_t D, class Policy = policy::reference>
 LanguageModel<DecoderLayer<float, D, Policy>> make_diff_model(const model_config& m, index_t vocab, const Policy& policy = {}) {
   std::vector<DecoderLayer<float, D, Policy>> layers;
   for (index_t l = 0; l < m.layers; ++l)
@@ -68,7 +68,7 @@ LanguageModel<DecoderLayer<float, D, Policy>> make_diff_model(const model_config
   return LanguageModel<DecoderLayer<float, D, Policy>>({vocab, m.d_model}, std::move(layers));
 }
 
-template <index_t D, class Policy>
+template <index_t D, class Policy = policy::reference>
 LanguageModel<BaselineLayer<float, D, Policy>> make_baseline_model(const model_config& m, index_t vocab,
                                                                    const Policy& policy = {}) {
   std::vector<BaselineLayer<float, D, Policy>> layers;
