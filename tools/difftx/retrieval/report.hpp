@@ -132,12 +132,24 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
 // The CSV logs the figures are drawn from.
 inline void write_csv(const std::filesystem::path& dir, const model_run& diff, const model_run& base) {
   using namespace detail;
+  // Per step, and the mean over the last (up to) 50 steps for the figure.
   std::ostringstream training;
-  training << "step,lr,diff_loss,diff_accuracy,diff_grad_norm,baseline_loss,baseline_accuracy,baseline_grad_norm\n";
-  for (std::size_t i = 0; i < std::min(diff.history.size(), base.history.size()); ++i) {
+  training << "step,lr,diff_loss,diff_accuracy,diff_grad_norm,baseline_loss,baseline_accuracy,baseline_grad_norm,"
+              "diff_loss_mean50,diff_accuracy_mean50,baseline_loss_mean50,baseline_accuracy_mean50\n";
+  const std::size_t steps = std::min(diff.history.size(), base.history.size());
+  auto trailing_mean = [](const std::vector<step_record>& h, std::size_t i, double step_record::*field) {
+    const std::size_t begin = i >= 49 ? i - 49 : 0;
+    double sum = 0;
+    for (std::size_t j = begin; j <= i; ++j) sum += h[j].*field;
+    return sum / static_cast<double>(i + 1 - begin);
+  };
+  for (std::size_t i = 0; i < steps; ++i) {
     const auto &a = diff.history[i], &b = base.history[i];
     training << a.step << ',' << a.lr << ',' << a.loss << ',' << a.accuracy << ',' << a.grad_norm << ',' << b.loss << ','
-             << b.accuracy << ',' << b.grad_norm << '\n';
+             << b.accuracy << ',' << b.grad_norm << ',' << trailing_mean(diff.history, i, &step_record::loss) << ','
+             << trailing_mean(diff.history, i, &step_record::accuracy) << ','
+             << trailing_mean(base.history, i, &step_record::loss) << ','
+             << trailing_mean(base.history, i, &step_record::accuracy) << '\n';
   }
   write_file(dir / "training.csv", training.str());
 
@@ -189,15 +201,17 @@ inline std::vector<std::pair<std::string, std::string>> figure_scripts(const mod
                                    "set title 'training loss on the answer tokens'\nset xlabel 'step'\n"
                                    "plot 'training.csv' using 1:3 with lines lw 0.5 lc rgb '#a0c4ff' title 'DIFF (per step)', "
                                    "'' using 1:6 with lines lw 0.5 lc rgb '#ffb3a0' title 'Transformer (per step)', "
-                                   "'' using 1:3 smooth bezier lw 2 lc rgb '#1f4e9c' title 'DIFF (smoothed)', "
-                                   "'' using 1:6 smooth bezier lw 2 lc rgb '#b8321a' title 'Transformer (smoothed)'\n"
-                                   "set title 'training accuracy on the answer tokens (teacher forced, smoothed)'\nset yrange [0:1]\n"
-                                   "plot 'training.csv' using 1:4 smooth bezier lw 2 lc rgb '#1f4e9c' title 'DIFF', "
-                                   "'' using 1:7 smooth bezier lw 2 lc rgb '#b8321a' title 'Transformer'\n"
+                                   "'' using 1:9 with lines lw 2 lc rgb '#1f4e9c' title 'DIFF (mean of 50 steps)', "
+                                   "'' using 1:11 with lines lw 2 lc rgb '#b8321a' title 'Transformer (mean of 50 steps)'\n"
+                                   "set title 'training accuracy on the answer tokens (teacher forced, mean of 50 steps)'\n"
+                                   "set yrange [0:1.05]\nset key bottom right\n"
+                                   "plot 'training.csv' using 1:10 with lines lw 2 lc rgb '#1f4e9c' title 'DIFF', "
+                                   "'' using 1:12 with lines lw 2 lc rgb '#b8321a' title 'Transformer'\n"
                                    "unset multiplot\n");
   scripts.emplace_back("accuracy", head +
                                        "set terminal pngcairo size 1200,450 font 'sans,10'\nset output 'accuracy.png'\n"
                                        "set multiplot layout 1,2\nset yrange [0:1.05]\nset ylabel 'retrieval accuracy'\n"
+                                       "set key outside top center horizontal\n"
                                        "set title 'accuracy by needles N and queries R'\n"
                                        "set style data histograms\nset style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
                                        "set boxwidth 0.9\nset xtics rotate by -30\n"
@@ -384,7 +398,9 @@ inline std::string markdown(const run_setup& s, const model_run& diff, const mod
         "From each answer-producing position (the query's key token, whose output gives the value), over its context: "
         "with w the attention weights of a head (A for the Transformer, A1 − λ·A2 for DIFF) and S = Σ|w|, "
         "attention to answer = Σ over the queried needle's tokens of w / S, attention noise = Σ over every other token of |w| / S. "
-        "Mean over every query, layer and head of the evaluation.\n\n| model | metric |";
+        "Mean over every query, layer and head of the evaluation. DIFF's weights can be negative: a layer that "
+        "retrieves by subtraction (a negative weight where the two maps differ) solves the task with little weight on "
+        "the answer, so read these numbers with the figure's last-layer row.\n\n| model | metric |";
   for (index_t d = 0; d < depth_count; ++d) md << ' ' << depth_name(d) << " |";
   md << " all |\n|---|---|";
   for (index_t d = 0; d <= depth_count; ++d) md << "---:|";
