@@ -1,6 +1,7 @@
 // difftx: Differential Transformer layers with hand-derived backward passes.
 // Include this one header for the modules on the reference policy, the
-// optimiser, gradcheck and the number types; policy::simd and policy::cuda have their own headers.
+// optimiser, gradcheck and the number types; policy::simd and policy::cuda
+// have their own headers.
 #pragma once
 
 #include "difftx/core/checks.hpp"

@@ -2,8 +2,10 @@
 // scripts and the PNG figures gnuplot draws from them.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
