@@ -47,11 +47,15 @@ void require_tokens(std::string_view where, std::string_view argument, const Ten
   require_space(where, argument, x, space);
 }
 
-// A backward's saved state must come from a forward on the same input shape.
-inline void require_saved(std::string_view where, const shape_t<3>& saved_for, const shape_t<3>& input) {
-  require(saved_for == input, where, "saved", "the saved state of a forward on x " + shape_string(input),
-          saved_for == shape_t<3>{} ? std::string("a state no forward has filled")
-                                    : "the state of a forward on x " + shape_string(saved_for));
+// A backward's saved state must come from a forward on the same input shape
+// (x [B, N, C] for most modules, token ids [B, N] for the embedding).
+template <std::size_t Rank>
+void require_saved(std::string_view where, const shape_t<Rank>& saved_for, const shape_t<Rank>& input,
+                   std::string_view input_name = "x") {
+  const std::string on = " on " + std::string(input_name) + " ";
+  require(saved_for == input, where, "saved", "the saved state of a forward" + on + shape_string(input),
+          saved_for == shape_t<Rank>{} ? std::string("a state no forward has filled")
+                                       : "the state of a forward" + on + shape_string(saved_for));
 }
 
 // Throws if any element is NaN or infinite (host memory), naming the first one.

@@ -1,13 +1,20 @@
-// DecoderLayer<T, D, Policy>: the pre-RMSNorm Differential Transformer layer.
-//   Y   = MultiHead(RMSNorm(X; w_attn_norm)) + X
+// The pre-RMSNorm decoder layer around an attention module Attn:
+//   Y   = Attn(RMSNorm(X; w_attn_norm)) + X
 //   Out = SwiGLU(RMSNorm(Y; w_ffn_norm)) + Y
-// Parameters: "attn_norm.weight", "attn.<MultiHead names>", "ffn_norm.weight",
+// DecoderLayer<T, D, Policy> is the Differential Transformer layer (Attn =
+// MultiHead<T, D, Policy>); BaselineLayer<T, D, Policy> is the same layer around
+// the standard-softmax Attention<T, D, Policy>, the paper's matched baseline
+// (give it 2h heads where the differential layer has h).
+// Parameters: "attn_norm.weight", "attn.<Attn names>", "ffn_norm.weight",
 // "ffn.<SwiGLU names>".
 #pragma once
 
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "difftx/modules/attention.hpp"
 #include "difftx/modules/multihead.hpp"
 #include "difftx/modules/rmsnorm.hpp"
 #include "difftx/modules/swiglu.hpp"
@@ -15,35 +22,43 @@
 
 namespace difftx {
 
-struct DecoderLayerConfig {
-  MultiHeadConfig attention;  // d_model, heads, kv_heads, layer_index, rope_theta, causal
-  index_t ffn_dim = 0;        // F; 0 means default_ffn_dim(d_model)
-  double eps = 1e-5;          // of attn_norm and ffn_norm (the subln's is fixed at 1e-5)
+template <class AttnConfig>
+struct BasicDecoderLayerConfig {
+  AttnConfig attention;  // MultiHeadConfig or AttentionConfig: d_model, heads, kv_heads, rope_theta, causal, ...
+  index_t ffn_dim = 0;   // F; 0 means default_ffn_dim(d_model)
+  double eps = 1e-5;     // of attn_norm and ffn_norm (the subln's is fixed at 1e-5)
 };
+using DecoderLayerConfig = BasicDecoderLayerConfig<MultiHeadConfig>;
+using BaselineLayerConfig = BasicDecoderLayerConfig<AttentionConfig>;
 
-template <Scalar T, index_t D, class Policy = policy::reference>
-  requires supported_by<Policy, T>
-class DecoderLayer {
+template <class Attn>
+class BasicDecoderLayer {
+ public:
+  using value_type = typename Attn::value_type;
+  using policy_type = typename Attn::policy_type;
+  using attention_type = Attn;
+  using config_type = BasicDecoderLayerConfig<std::remove_cvref_t<decltype(std::declval<const Attn&>().config())>>;
+  static constexpr index_t head_dim = Attn::head_dim;
+
+ private:
+  using T = value_type;
+  using Policy = policy_type;
   using norm_type = RMSNorm<T, Policy>;
-  using attn_type = MultiHead<T, D, Policy>;
   using ffn_type = SwiGLU<T, Policy>;
 
  public:
-  using value_type = T;
-  using policy_type = Policy;
-  static constexpr index_t head_dim = D;
   struct saved_type {
     shape_t<3> input_shape{};
     typename norm_type::saved_type attn_norm;
     Tensor<T, 3> attn_in;  // [B, N, C] RMSNorm(X)
-    typename attn_type::saved_type attn;
-    Tensor<T, 3> y;  // [B, N, C] MultiHead(attn_in) + X
+    typename Attn::saved_type attn;
+    Tensor<T, 3> y;  // [B, N, C] Attn(attn_in) + X
     typename norm_type::saved_type ffn_norm;
     Tensor<T, 3> ffn_in;  // [B, N, C] RMSNorm(Y)
     typename ffn_type::saved_type ffn;
   };
 
-  explicit DecoderLayer(const DecoderLayerConfig& config, Policy policy = {})
+  explicit BasicDecoderLayer(const config_type& config, Policy policy = {})
       : policy_(std::move(policy)),
         config_(config),
         attn_norm_(config.attention.d_model, config.eps, 1.0, policy_),
@@ -54,9 +69,16 @@ class DecoderLayer {
     config_.ffn_dim = ffn_.ffn_dim();
   }
 
-  const DecoderLayerConfig& config() const noexcept { return config_; }
+  const config_type& config() const noexcept { return config_; }
   index_t d_model() const noexcept { return config_.attention.d_model; }
-  double lambda_init() const noexcept { return attn_.lambda_init(); }
+  // The differential layer's lambda_init (only where Attn has one).
+  double lambda_init() const noexcept
+    requires requires(const Attn& a) { a.lambda_init(); }
+  {
+    return attn_.lambda_init();
+  }
+  // The attention module, e.g. to read its maps from saved.attn (attention_maps.hpp).
+  const Attn& attention() const noexcept { return attn_; }
   shape_t<3> output_shape(const shape_t<3>& input) const noexcept { return input; }
 
   // x [B, N, C] -> out [B, N, C]
@@ -86,7 +108,7 @@ class DecoderLayer {
     ffn_.backward(s.ffn_in.view(), dout, s.ffn, d_branch.view());
     ffn_norm_.backward(s.y.view(), d_branch.view(), s.ffn_norm, dy.view());
     add_into(policy_, dout, dy.view());
-    // Y = MultiHead(RMSNorm(X)) + X
+    // Y = Attn(RMSNorm(X)) + X
     attn_.backward(s.attn_in.view(), dy.view(), s.attn, d_branch.view());
     attn_norm_.backward(x, d_branch.view(), s.attn_norm, dx);
     add_into(policy_, dy.const_view(), dx);
@@ -110,11 +132,21 @@ class DecoderLayer {
 
  private:
   Policy policy_;
-  DecoderLayerConfig config_;
+  config_type config_;
   norm_type attn_norm_;
-  attn_type attn_;
+  Attn attn_;
   norm_type ffn_norm_;
   ffn_type ffn_;
 };
+
+// The Differential Transformer layer: h differential heads of 2·D.
+template <Scalar T, index_t D, class Policy = policy::reference>
+  requires supported_by<Policy, T>
+using DecoderLayer = BasicDecoderLayer<MultiHead<T, D, Policy>>;
+
+// The matched baseline layer: standard softmax heads of size D.
+template <Scalar T, index_t D, class Policy = policy::reference>
+  requires supported_by<Policy, T>
+using BaselineLayer = BasicDecoderLayer<Attention<T, D, Policy>>;
 
 }  // namespace difftx

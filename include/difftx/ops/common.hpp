@@ -2,6 +2,7 @@
 // all of an op's tensors live where its policy computes.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -14,6 +15,10 @@ namespace difftx {
 // assign: out = result; add: out += result (lets a caller sum several
 // contributions, e.g. dX from the Q, K and V projections, without a temporary).
 enum class write_mode { assign, add };
+
+// A token id (embedding rows, cross-entropy targets). 32 bits as in most
+// tokenizers' outputs; a negative cross-entropy target means "no loss here".
+using token_t = std::int32_t;
 
 namespace detail {
 // require_all_in(where, memory_space::host, {{"x", x.space()}, {"y", y.space()}})

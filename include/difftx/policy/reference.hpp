@@ -7,8 +7,10 @@
 #include "difftx/policy/reference/tag.hpp"
 
 #include "difftx/policy/reference/attention.hpp"
+#include "difftx/policy/reference/cross_entropy.hpp"
 #include "difftx/policy/reference/diff_lambda.hpp"
 #include "difftx/policy/reference/elementwise.hpp"
+#include "difftx/policy/reference/embedding.hpp"
 #include "difftx/policy/reference/linear.hpp"
 #include "difftx/policy/reference/rmsnorm.hpp"
 #include "difftx/policy/reference/rope.hpp"

@@ -13,8 +13,10 @@
 #include "difftx/policy/simd/tag.hpp"
 
 #include "difftx/policy/simd/attention.hpp"
+#include "difftx/policy/simd/cross_entropy.hpp"
 #include "difftx/policy/simd/diff_lambda.hpp"
 #include "difftx/policy/simd/elementwise.hpp"
+#include "difftx/policy/simd/embedding.hpp"
 #include "difftx/policy/simd/linear.hpp"
 #include "difftx/policy/simd/rmsnorm.hpp"
 #include "difftx/policy/simd/rope.hpp"

@@ -1,0 +1,135 @@
+// LanguageModel<Layer>: a small decoder-only language model around a stack of
+// layers (DecoderLayer, BaselineLayer, or any [B, N, C] -> [B, N, C] module):
+//   x      = Embedding(tokens)              tokens [B, N] -> [B, N, C]
+//   hidden = Stack<Layer>(x)                [B, N, C]
+//   normed = RMSNorm(hidden; w_norm)        [B, N, C]
+//   logits = normed W_headᵀ                 [B, N, V]   (lm_head, not tied to the embedding)
+// The loss is separate (cross_entropy_forward/backward on the logits), so the
+// same model serves any objective. Parameters: "embed_tokens.weight" [V, C],
+// "layers.<i>.<Layer names>", "norm.weight" [C], "lm_head.weight" [V, C].
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "difftx/core/checks.hpp"
+#include "difftx/modules/embedding.hpp"
+#include "difftx/modules/linear.hpp"
+#include "difftx/modules/parameter.hpp"
+#include "difftx/modules/rmsnorm.hpp"
+#include "difftx/modules/stack.hpp"
+
+namespace difftx {
+
+struct LanguageModelConfig {
+  index_t vocab_size = 0;  // V
+  index_t d_model = 0;     // C, the width of every layer
+  double eps = 1e-5;       // of the final RMSNorm
+};
+
+template <class Layer>
+class LanguageModel {
+ public:
+  using value_type = typename Layer::value_type;
+  using policy_type = typename Layer::policy_type;
+  using layer_type = Layer;
+
+ private:
+  using T = value_type;
+  using Policy = policy_type;
+
+ public:
+  struct saved_type {
+    shape_t<2> input_shape{};
+    typename Embedding<T, Policy>::saved_type embed;
+    Tensor<T, 3> x;  // [B, N, C] the embeddings, the stack's input
+    typename Stack<Layer>::saved_type stack;
+    Tensor<T, 3> hidden;  // [B, N, C] the last layer's output
+    typename RMSNorm<T, Policy>::saved_type norm;
+    Tensor<T, 3> normed;  // [B, N, C] the head's input
+    typename Linear<T, Policy>::saved_type head;
+  };
+
+  // layers: built by the caller (layer indices, heads, ...), each C wide.
+  LanguageModel(const LanguageModelConfig& config, std::vector<Layer> layers)
+      : config_(config),
+        embed_(config.vocab_size, config.d_model, first_policy(layers)),
+        layers_(std::move(layers)),
+        norm_(config.d_model, config.eps, 1.0, layers_.policy()),
+        head_(config.d_model, config.vocab_size, layers_.policy()) {}
+
+  const LanguageModelConfig& config() const noexcept { return config_; }
+  const Stack<Layer>& layers() const noexcept { return layers_; }
+  shape_t<3> output_shape(const shape_t<2>& tokens) const noexcept { return {tokens[0], tokens[1], config_.vocab_size}; }
+
+  // The output of layer i (0-based) in a forward's saved state, [B, N, C].
+  const Tensor<T, 3>& layer_output(const saved_type& s, std::size_t i) const {
+    require(i < layers_.size(), "LanguageModel::layer_output", "i", "a layer index < " + std::to_string(layers_.size()),
+            std::to_string(i));
+    require(s.input_shape != shape_t<2>{}, "LanguageModel::layer_output", "saved", "the state of a forward",
+            "a state no forward has filled");
+    return i + 1 == layers_.size() ? s.hidden : s.stack.inputs[i];
+  }
+
+  // tokens [B, N] -> logits [B, N, V]
+  void forward(cview<token_t, 2> tokens, TensorView<T, 3> logits, saved_type& s) const {
+    constexpr std::string_view where = "LanguageModel::forward";
+    require_nonempty(where, "tokens", tokens);
+    require_shape(where, "logits", logits, output_shape(tokens.shape()));
+    const shape_t<3> shape = embed_.output_shape(tokens.shape());
+    auto& memory = layers_.policy().memory();
+    for (auto* t : {&s.x, &s.hidden, &s.normed}) t->resize(shape, memory);
+    embed_.forward(tokens, s.x.view(), s.embed);
+    layers_.forward(s.x.view(), s.hidden.view(), s.stack);
+    norm_.forward(s.hidden.view(), s.normed.view(), s.norm);
+    head_.forward(s.normed.view(), logits, s.head);
+    s.input_shape = tokens.shape();
+  }
+
+  // dlogits [B, N, V] -> every parameter gradient accumulates (no input gradient: tokens are discrete)
+  void backward(cview<token_t, 2> tokens, cview<T, 3> dlogits, const saved_type& s) {
+    constexpr std::string_view where = "LanguageModel::backward";
+    require_nonempty(where, "tokens", tokens);
+    require_saved(where, s.input_shape, tokens.shape(), "tokens");
+    require_shape(where, "dlogits", dlogits, output_shape(tokens.shape()));
+    auto& memory = layers_.policy().memory();
+    Tensor<T, 3> a(s.x.shape(), memory), b(s.x.shape(), memory);
+    head_.backward(s.normed.view(), dlogits, s.head, a.view());         // a = d normed
+    norm_.backward(s.hidden.view(), a.view(), s.norm, b.view());        // b = d hidden
+    layers_.backward(s.x.view(), b.view(), s.stack, a.view());          // a = d x
+    embed_.backward(tokens, a.view(), s.embed);
+  }
+
+  std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
+    std::vector<parameter_ref<T>> all;
+    append_parameters(all, embed_.parameters(prefix + "embed_tokens."));
+    append_parameters(all, layers_.parameters(prefix));
+    append_parameters(all, norm_.parameters(prefix + "norm."));
+    append_parameters(all, head_.parameters(prefix + "lm_head."));
+    return all;
+  }
+  // Draws every parameter from rng in order (embedding, layers 0..L-1, norm, head),
+  // so layers built with the same default initialisation become distinct.
+  void reset_parameters(random_stream& rng) {
+    embed_.reset_parameters(rng);
+    layers_.reset_parameters(rng);
+    norm_.reset_parameters(rng);
+    head_.reset_parameters(rng);
+  }
+  const Policy& policy() const noexcept { return layers_.policy(); }
+
+ private:
+  static const Policy& first_policy(const std::vector<Layer>& layers) {
+    require(!layers.empty(), "LanguageModel", "layers", "at least one layer", "none");
+    return layers.front().policy();
+  }
+
+  LanguageModelConfig config_;
+  Embedding<T, Policy> embed_;
+  Stack<Layer> layers_;
+  RMSNorm<T, Policy> norm_;
+  Linear<T, Policy> head_;
+};
+
+}  // namespace difftx

@@ -1,0 +1,235 @@
+// difftx retrieval: trains a small Differential Transformer and its matched
+// Transformer on multi-needle retrieval and writes a report comparing them
+// (accuracy by needles and depth, attention to the answer vs noise, activation
+// outliers), after the paper's Section 3.4, Table 2, Table 3 and Table 5.
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include <difftx/difftx.hpp>
+#include <difftx/policy/simd.hpp>
+
+#include "retrieval/experiment.hpp"
+#include "retrieval/report.hpp"
+
+namespace difftx::cli {
+
+namespace {
+
+using namespace difftx::retrieval;
+
+// The policies --policy offers: both models compute with the one chosen.
+// policy::reference is the default the run is sized for (its results are
+// bit-identical for any --jobs); policy::simd is several times faster.
+constexpr const char* policy_names[] = {"reference", "simd"};
+
+// The half head sizes D compiled in; --d-model / (2 · --heads) must be one.
+constexpr index_t head_dims[] = {8, 16, 32};
+
+struct options {
+  run_setup setup;
+  std::filesystem::path out;
+  bool quiet = false;
+};
+
+std::string duration(double seconds) {
+  const auto s = static_cast<long>(seconds + 0.5);
+  char b[32];
+  if (s >= 60)
+    std::snprintf(b, sizeof b, "%ldm%02lds", s / 60, s % 60);
+  else
+    std::snprintf(b, sizeof b, "%lds", s);
+  return b;
+}
+
+// Progress lines on stderr, one model per line, at every 5% of the steps and
+// at least every 20 seconds: step, mean loss since the last line, tokens/s, time left.
+class progress {
+ public:
+  progress(const run_setup& s, bool quiet) : setup_(s), quiet_(quiet) {}
+
+  auto reporter(const std::string& name) {
+    return [this, name, last_time = 0.0, last_step = index_t{0}, loss_sum = 0.0,
+            acc_sum = 0.0](const step_record& r) mutable {
+      loss_sum += r.loss;
+      acc_sum += r.accuracy;
+      const index_t steps = setup_.train.steps, every = std::max<index_t>(1, steps / 20);
+      if (quiet_ || !(r.step == steps || r.step % every == 0 || r.seconds - last_time > 20)) return;
+      const auto n = static_cast<double>(r.step - last_step);
+      const double tokens = static_cast<double>(r.step * setup_.train.batch * setup_.task.context);
+      const double left = r.seconds / static_cast<double>(r.step) * static_cast<double>(steps - r.step);
+      print("%-8s step %5td/%td  loss %.3f  answer acc %.2f  %6.0f tok/s  %s elapsed, ~%s left\n", name.c_str(), r.step,
+            steps, loss_sum / n, acc_sum / n, tokens / r.seconds, duration(r.seconds).c_str(), duration(left).c_str());
+      last_time = r.seconds;
+      last_step = r.step;
+      loss_sum = acc_sum = 0;
+    };
+  }
+
+  template <class... Args>
+  void print(const char* format, Args... args) {
+    if (quiet_) return;
+    std::lock_guard lock(mutex_);
+    std::fprintf(stderr, format, args...);
+    std::fflush(stderr);
+  }
+
+ private:
+  const run_setup& setup_;
+  bool quiet_;
+  std::mutex mutex_;
+};
+
+template <class Layer>
+model_run train_and_evaluate(trainer<Layer>& t, const std::string& name, const std::string& label, const run_setup& s,
+                             progress& p) {
+  model_run r;
+  r.name = name;
+  r.label = label;
+  r.parameters = t.parameter_count();
+  const auto start = std::chrono::steady_clock::now();
+  t.train(p.reporter(name));
+  const auto trained = std::chrono::steady_clock::now();
+  r.train_seconds = std::chrono::duration<double>(trained - start).count();
+  r.tokens_per_second = static_cast<double>(s.train.steps * s.train.batch * s.task.context) / r.train_seconds;
+  p.print("%-8s evaluating: %td sequences per (N, R, depth), greedy decoding\n", name.c_str(), s.eval.per_cell);
+  r.eval = t.evaluate(s.eval);
+  r.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - trained).count();
+  r.history = t.history();
+  return r;
+}
+
+template <index_t D, class Policy>
+void run(const options& o, const Policy& policy) {
+  const auto start = std::chrono::steady_clock::now();
+  run_setup s = o.setup;
+  s.head_dim = D;
+  const index_t V = vocabulary(s.task).size;
+  trainer diff(make_diff_model<D>(s.model, V, policy), s.task, s.train);
+  trainer base(make_baseline_model<D>(s.model, V, policy), s.task, s.train);
+  const std::string diff_label = "DIFF Transformer", base_label = "Transformer";
+  progress p(s, o.quiet);
+  p.print("difftx retrieval: %td steps x %td sequences of %td tokens; DIFF %td heads of 2x%td, Transformer %td heads of %td; "
+          "%td vs %td parameters; policy %s, %d thread%s\n",
+          s.train.steps, s.train.batch, s.task.context, s.model.heads, D, 2 * s.model.heads, D, diff.parameter_count(),
+          base.parameter_count(), s.policy.c_str(), s.jobs, s.jobs == 1 ? "" : "s");
+
+  model_run rd, rb;
+  if (s.jobs >= 2) {
+    std::exception_ptr failure;
+    std::thread other([&] {
+      try {
+        rb = train_and_evaluate(base, "baseline", base_label, s, p);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    });
+    rd = train_and_evaluate(diff, "diff", diff_label, s, p);
+    other.join();
+    if (failure) std::rethrow_exception(failure);
+  } else {
+    rd = train_and_evaluate(diff, "diff", diff_label, s, p);
+    rb = train_and_evaluate(base, "baseline", base_label, s, p);
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  write_report(o.out, s, rd, rb, wall);
+
+  const auto v = judge(rd, rb);
+  std::printf("difftx retrieval: wrote %s/report.md (and report.json, CSVs, figures) in %s\n", o.out.string().c_str(),
+              duration(wall).c_str());
+  std::printf("%d of %d checks agree with the paper's direction:\n", v.agree, v.total);
+  for (const auto& line : v.lines) std::printf("  - %s\n", line.c_str());
+}
+
+template <class Policy>
+void dispatch(const options& o, const Policy& policy) {
+  const auto& m = o.setup.model;
+  const index_t D = m.d_model % (2 * m.heads) == 0 ? m.d_model / (2 * m.heads) : 0;
+  switch (D) {
+    case 8: return run<8>(o, policy);
+    case 16: return run<16>(o, policy);
+    case 32: return run<32>(o, policy);
+    default: break;
+  }
+  std::string dims;
+  for (index_t d : head_dims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+  throw input_error("retrieval", "--d-model/--heads", "d_model = 2 x heads x D with D in {" + dims + "}",
+                    "d_model " + std::to_string(m.d_model) + " and " + std::to_string(m.heads) + " heads");
+}
+
+// Everything a run needs checked before the first step, as bad input (exit 3).
+void check(const options& o) {
+  const auto& s = o.setup;
+  check_task(s.task);
+  require(s.model.layers >= 1, "retrieval", "--layers", "at least 1", std::to_string(s.model.layers));
+  require(s.train.warmup < s.train.steps, "retrieval", "--warmup", "fewer warm-up steps than --steps = " + std::to_string(s.train.steps),
+          std::to_string(s.train.warmup));
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  require(!ec && std::filesystem::is_directory(o.out), "retrieval", "--out", "a folder that can be created",
+          o.out.string() + (ec ? " (" + ec.message() + ")" : ""));
+}
+
+}  // namespace
+
+void add_retrieval_command(CLI::App& app) {
+  auto o = std::make_shared<options>();
+  auto* cmd = app.add_subcommand(
+      "retrieval",
+      "Train a Differential Transformer and its matched Transformer (h vs 2h heads, same parameters, steps and data) on "
+      "multi-needle retrieval; write report.md, report.json, CSV logs and PNG figures to --out.");
+  auto& s = o->setup;
+  cmd->add_option("--out", o->out, "output folder (created)")->required();
+  auto* quick = cmd->add_flag("--quick", s.quick, "a smoke run under a minute (250 steps, small evaluation)");
+  cmd->add_flag("--quiet", o->quiet, "no progress lines");
+  // Task.
+  cmd->add_option("--context", s.task.context, "tokens per sequence")->capture_default_str()->check(CLI::Range(8, 4096));
+  cmd->add_option("--keys", s.task.keys, "distinct key tokens")->capture_default_str()->check(CLI::Range(6, 4096));
+  cmd->add_option("--values", s.task.values, "distinct value tokens")->capture_default_str()->check(CLI::Range(2, 4096));
+  cmd->add_option("--filler", s.task.filler, "distinct haystack filler tokens")->capture_default_str()->check(CLI::Range(1, 4096));
+  cmd->add_option("--value-length", s.task.value_length, "tokens per value")->capture_default_str()->check(CLI::Range(1, 16));
+  // Model.
+  cmd->add_option("--d-model", s.model.d_model, "model width C (= 2 x heads x D, D in {8, 16, 32})")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--heads", s.model.heads, "differential heads h (the Transformer gets 2h)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--layers", s.model.layers, "decoder layers")->capture_default_str()->check(CLI::Range(1, 64));
+  cmd->add_option("--ffn", s.model.ffn_dim, "SwiGLU hidden size")->capture_default_str()->check(CLI::PositiveNumber);
+  // Training.
+  auto* steps = cmd->add_option("--steps", s.train.steps, "optimiser steps per model")->capture_default_str()->check(CLI::Range(1, 10000000));
+  cmd->add_option("--batch", s.train.batch, "sequences per step")->capture_default_str()->check(CLI::Range(1, 4096));
+  auto* warmup = cmd->add_option("--warmup", s.train.warmup, "linear warm-up steps, then cosine decay to 10% (default: min(100, steps / 10))")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--lr", s.train.lr, "peak learning rate (AdamW)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--weight-decay", s.train.weight_decay, "AdamW decoupled weight decay on matrices")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", s.train.seed, "seed of the data and the initialisation")->capture_default_str();
+  // Evaluation and running.
+  auto* per_cell = cmd->add_option("--eval-per-cell", s.eval.per_cell, "evaluation sequences per (N, R, depth)")->capture_default_str()->check(CLI::Range(1, 100000));
+  cmd->add_option("--jobs", s.jobs, "1: train the models one after the other; 2: side by side (same results)")->capture_default_str()->check(CLI::Range(1, 2));
+  s.policy = policy_names[0];
+  cmd->add_option("--policy", s.policy, "how the layers compute: reference (the default the run is sized for) or simd "
+                                        "(faster; with --jobs 2 each model gets one thread)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(policy_names), std::end(policy_names))));
+
+  cmd->callback([o, quick, steps, warmup, per_cell] {
+    auto& st = o->setup;
+    if (quick->count() > 0) {  // explicit flags still win
+      if (steps->count() == 0) st.train.steps = 250;
+      if (per_cell->count() == 0) st.eval.per_cell = 4;
+      st.eval.stats_batch = 4;
+    }
+    // Unless given, the warm-up is a tenth of the steps, at most the default.
+    if (warmup->count() == 0) st.train.warmup = std::min(st.train.warmup, st.train.steps / 10);
+    check(*o);
+    if (st.policy == policy::simd::name)
+      dispatch(*o, policy::simd{st.jobs >= 2 ? 1 : 0});  // side by side: a thread each
+    else
+      dispatch(*o, policy::reference{});
+  });
+}
+
+}  // namespace difftx::cli
