@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <difftx/difftx.hpp>
+#include <difftx/testing/tolerance.hpp>
 
 namespace test_support {
 
@@ -68,17 +69,6 @@ difftx::Tensor<T, R> random_tensor(const difftx::shape_t<R>& shape, std::uint64_
   return t;
 }
 
-// Normwise relative difference max_i |a_i - b_i| / max_i |b_i| (b is the
-// reference). Elementwise relative error is meaningless where b_i ≈ 0.
-template <class A, class B>
-double normwise_difference(const A* a, const B* b, index_t n) {
-  double diff = 0, scale = 0;
-  for (index_t i = 0; i < n; ++i) {
-    const double av = difftx::scalar_traits<A>::to_double(a[i]), bv = difftx::scalar_traits<B>::to_double(b[i]);
-    diff = std::max(diff, std::abs(av - bv));
-    scale = std::max(scale, std::abs(bv));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
+using difftx::testing::normwise_difference;
 
 }  // namespace test_support

@@ -1,0 +1,27 @@
+// The policies this difftx is built with: the one place that lists them.
+//
+// Each entry names a policy and the half head sizes D its modules are compiled
+// for (D is a template parameter; the tool picks the instantiation at run time
+// from this list). Entries go slowest first: the last one is "the fastest
+// policy built", every command's default. Adding a policy is adding its header
+// and one entry here, e.g. policy_entry<policy::simd, 8, 16, 32, 64, 128>.
+// A policy that runs on several threads says how many with threads(); the
+// others count as one.
+#pragma once
+
+#include <array>
+#include <tuple>
+
+#include <difftx/policy/reference.hpp>
+
+namespace difftx::cli {
+
+template <class Policy, index_t... D>
+struct policy_entry {
+  using policy_type = Policy;
+  static constexpr std::array<index_t, sizeof...(D)> head_dims{D...};
+};
+
+using built_policies = std::tuple<policy_entry<policy::reference, 2, 4, 8, 16, 32, 64, 128>>;
+
+}  // namespace difftx::cli
