@@ -206,7 +206,8 @@ void add_bench_command(CLI::App& app) {
       "query/key size d = D and value size dv (2D differential, D standard): forward 2·d·P (Q·Kᵀ) + 2·dv·P (A·V);\n"
       "backward as computed: 3 · 2·d·P per map (scores recomputed from the log-sum-exp, dQ, dK) + 2 · 2·dv·P per\n"
       "head (dO·Vᵀ, dV). Not counted: RMSNorm, RoPE, softmax exponentials, the SwiGLU gate, residual adds\n"
-      "(O(B·N·C) each), so rmsnorm reports no GFLOP/s.");
+      "(O(B·N·C) each), so rmsnorm reports no GFLOP/s.\n" +
+      exit_codes_help);
   cmd->callback([o] { bench(*o); });
 }
 

@@ -236,7 +236,8 @@ void add_check_command(CLI::App& app) {
       "For each module (rmsnorm, swiglu, multihead, attention, decoder_layer, a 2-layer decoder_stack), each policy\n"
       "built and each dtype (float64, float32, bfloat16, float16): random weights and input, forward and backward;\n"
       "in float64 a gradient check against finite differences; every policy and dtype against the reference policy\n"
-      "in float64 on the same (rounded) numbers within testing::tolerance<T>. Exit code 0 when every row passes, 1 if not.");
+      "in float64 on the same (rounded) numbers within testing::tolerance<T>.\n" +
+      exit_codes_help);
   cmd->callback([] {
     if (const int status = check(); status != 0) throw CLI::RuntimeError(status);
   });

@@ -138,9 +138,8 @@ void add_run_command(CLI::App& app) {
   add_policy_option(*cmd, o->policy);
   cmd->footer(
       "d_model C and the head size D come from the weight shapes (q_proj.weight is [2hD, C] for multihead and\n"
-      "decoder_layer, [HD, C] for attention) and are checked against each other and the input.\n"
-      "Exit codes: 0 ok, 2 usage error, 3 bad input (unreadable or malformed file, missing weight, wrong shape,\n"
-      "non-finite value), with a message naming the file, the tensor and what was expected.");
+      "decoder_layer, [HD, C] for attention) and are checked against each other and the input.\n" +
+      exit_codes_help);
   cmd->callback([o] { run(*o); });
 }
 

@@ -12,6 +12,11 @@
 
 namespace difftx::cli {
 
+// Every command's --help ends with this.
+inline const std::string exit_codes_help =
+    "Exit codes: 0 ok, 1 a check failed, 2 usage error, 3 bad input (unreadable or malformed file, missing weight,\n"
+    "wrong shape, non-finite value), with a one-line message naming the file, the tensor and what was expected.";
+
 void add_run_command(CLI::App& app);
 void add_check_command(CLI::App& app);
 void add_bench_command(CLI::App& app);

@@ -12,6 +12,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"difftx: Differential Transformer layers (modules, weights, checks, timings)", "difftx"};
   app.require_subcommand(1);
+  app.footer(difftx::cli::exit_codes_help);
   difftx::cli::add_run_command(app);
   difftx::cli::add_check_command(app);
   difftx::cli::add_bench_command(app);
@@ -29,10 +30,18 @@ int main(int argc, char** argv) {
   } catch (const CLI::RuntimeError& e) {  // the command printed why
     return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
-    std::cerr << command() << ": " << e.what() << " (see " << command() << " --help)\n";
+    // CLI11 reports a mistyped command as a missing one; name it instead.
+    std::string message = e.what();
+    const auto extras = app.remaining();
+    if (app.get_subcommands().empty() && !extras.empty() && extras.front().rfind('-', 0) != 0) {
+      message = "unknown command '" + extras.front() + "' (commands:";
+      for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) message += " " + sub->get_name();
+      message += ")";
+    }
+    std::cerr << command() << ": " << message << " (see " << command() << " --help)\n";
     return 2;
-  } catch (const difftx::input_error& e) {
-    std::cerr << command() << ": " << e.what() << "\n";
+  } catch (const difftx::input_error& e) {  // "difftx::<where>: argument '<file: tensor>': expected ..., got ..."
+    std::cerr << e.what() << "\n";
     return 3;
   } catch (const std::exception& e) {
     std::cerr << command() << ": internal error: " << e.what() << "\n";

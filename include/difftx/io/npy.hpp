@@ -33,7 +33,9 @@ struct npy_header {
 // A cursor over the header text. Every mismatch throws with the offset.
 class npy_header_parser {
  public:
-  npy_header_parser(std::string_view text, const std::string& label) : text_(text), label_(label) {}
+  // The padding (spaces, then '\n') is not part of the dict.
+  npy_header_parser(std::string_view text, const std::string& label)
+      : text_(text.substr(0, text.find_last_not_of(" \n") + 1)), label_(label) {}
 
   npy_header parse() {
     std::optional<std::string> descr;
@@ -62,7 +64,7 @@ class npy_header_parser {
       }
       skip_spaces();
     }
-    while (position_ < text_.size() && (text_[position_] == ' ' || text_[position_] == '\n')) ++position_;
+    skip_spaces();
     if (position_ != text_.size()) fail("only spaces and a newline after the dict", found());
     if (!descr || !fortran_order || !shape)
       fail("the keys 'descr', 'fortran_order' and 'shape'", std::string("no '") +
@@ -75,7 +77,10 @@ class npy_header_parser {
     throw input_error("read_npy", label_ + ": header", expected, got + " at header offset " + std::to_string(position_));
   }
   std::string found() const {
-    return position_ < text_.size() ? "'" + std::string(1, text_[position_]) + "'" : "the end of the header";
+    if (position_ >= text_.size()) return "the end of the header";
+    const auto c = static_cast<unsigned char>(text_[position_]);
+    if (c < 0x20 || c > 0x7e) return "byte " + std::to_string(c);  // keeps the message on one line
+    return std::string{'\'', text_[position_], '\''};
   }
   void skip_spaces() {
     while (position_ < text_.size() && text_[position_] == ' ') ++position_;

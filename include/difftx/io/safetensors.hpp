@@ -90,7 +90,9 @@ inline tensor_file parse_safetensors(const std::vector<std::byte>& bytes, const 
     file.tensors.emplace(name, std::move(t));
   }
   // Tensors must tile the data exactly: no overlap, no gap, nothing after.
-  std::sort(extents.begin(), extents.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  // (An empty tensor sorts before a non-empty one at the same offset.)
+  std::sort(extents.begin(), extents.end(),
+            [](const auto& a, const auto& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   std::uint64_t covered = 0;
   for (const auto& e : extents) {
     if (e.begin < covered) fail(e.name, "data not overlapping the previous tensor's", "offset " + std::to_string(e.begin));
