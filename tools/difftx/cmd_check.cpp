@@ -166,7 +166,8 @@ int check() {
   std::printf("  modules: C = 16, h = 2, g = 1, l = 1, F = 24; attention H = 4, G = 2; decoder_stack = 2 decoder layers\n");
   std::printf("  gradcheck: float64, %td sampled entries per tensor against five-point finite differences, bar %.0e\n",
               entries_per_tensor, testing::gradcheck_options{}.tolerance);
-  std::printf("  vs ref: max|a - b| / max|b| against the reference policy in float64 on the same weights and input\n");
+  std::printf("  vs ref: max|a - b| / max|b| against the reference policy in float64 on the same weights and input;\n"
+              "  grads: the worst of dx and every parameter gradient\n");
   std::printf("  bars (testing::tolerance<T>, output / gradients):");
   for (auto t : types)
     with_tolerance(t, [&](auto tol) {
