@@ -22,6 +22,8 @@ class module_runner final : public runner {
   template <class... Args>
   explicit module_runner(index_t d_model, Args&&... args) : d_model_(d_model), module_(std::forward<Args>(args)...) {}
 
+  // Checks finiteness after loading, in T (so a float16 overflow shows too);
+  // on a failure the module keeps the values, as the tool stops anyway.
   void load(const io::tensor_file& weights, const std::string& label) override {
     io::load_parameters(module_, weights, label);
     for (const auto& [name, t] : parameters(io::dtype::f64).tensors) t.require_finite("run", as_type(label + ": " + name));
@@ -39,8 +41,9 @@ class module_runner final : public runner {
   void zero_grad() override { difftx::zero_grad(module_); }
 
   void set_input(const io::stored_tensor& x, const std::string& label) override {
-    require(x.shape.size() == 3 && x.shape[2] == d_model_, "run", label + ": input",
-            "shape [B, N, " + std::to_string(d_model_) + "] (C = d_model of the module)", "shape " + shape_string(x.shape));
+    require(x.shape.size() == 3 && x.shape[0] > 0 && x.shape[1] > 0 && x.shape[2] == d_model_, "run", label + ": input",
+            "shape [B, N, " + std::to_string(d_model_) + "] with B, N >= 1 (C = d_model of the module)",
+            "shape " + shape_string(x.shape));
     x_ = to_module(x, label + ": input", {x.shape[0], x.shape[1], x.shape[2]});
     y_.resize(module_.output_shape(x_.shape()), memory());
   }
