@@ -1,48 +1,236 @@
-// Google Benchmark suite: each module's forward and forward + backward, per
-// policy, over several sequence lengths.
+// Google Benchmark suite: every op and module, forward and forward + backward,
+// on the reference and simd policies, over sequence lengths N. Names read
+// "<what>/<policy>/<dtype>/<pass>/N:<n>"; counters give GFLOP/s (counts in
+// flops.hpp) and tokens/s. The shapes are the CPU issue's: C = 768, h = 6
+// differential heads of D = 64 (the baseline: H = 12 heads of 64), causal.
+// benchmarks/peer_pytorch.py runs this binary and PyTorch side by side.
 #include <benchmark/benchmark.h>
 
+#include <string>
+
+#include <Eigen/Core>
+
 #include <difftx/difftx.hpp>
+#include <difftx/policy/simd.hpp>
+
+#include "flops.hpp"
 
 using namespace difftx;
+namespace fl = difftx_bench;
 
 namespace {
 
-template <class Module>
-void run_module(benchmark::State& state, Module& module, index_t batch, index_t seq, index_t width, bool backward) {
-  using T = typename Module::value_type;
-  Tensor<T, 3> x({batch, seq, width}), y(x.shape()), dy(x.shape()), dx(x.shape());
-  random_stream rng(1);
+constexpr index_t C = 768, h = 6, D = 64, F = 2048;
+
+template <class T>
+Tensor<T, 3> random_input(index_t n, std::uint64_t seed) {
+  Tensor<T, 3> x({1, n, C});
+  random_stream rng(seed);
   fill_normal(x.view(), rng);
-  fill_normal(dy.view(), rng);
+  return x;
+}
+
+void set_counters(benchmark::State& state, double flops, double tokens) {
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// A module's forward, or forward + backward, on x [1, N, C].
+template <class Module>
+void run_module(benchmark::State& state, Module& module, index_t n, bool backward, double flops) {
+  using T = typename Module::value_type;
+  const auto x = random_input<T>(n, 1), dy = random_input<T>(n, 2);
+  Tensor<T, 3> y(x.shape()), dx(x.shape());
   typename Module::saved_type saved;
   for (auto _ : state) {
-    module.forward(x.view(), y.view(), saved);
-    if (backward) module.backward(x.view(), dy.view(), saved, dx.view());
-    benchmark::DoNotOptimize(y.data());
-    benchmark::DoNotOptimize(dx.data());
+    module.forward(x, y, saved);
+    if (backward) module.backward(x, dy, saved, dx);
+    benchmark::ClobberMemory();
   }
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(batch * seq), benchmark::Counter::kIsIterationInvariantRate);
+  set_counters(state, flops, static_cast<double>(n));
 }
 
 template <class T, class Policy>
-void multihead(benchmark::State& state) {
-  const index_t N = state.range(0);
-  MultiHead<T, 16, Policy> mh({.d_model = 64, .heads = 2, .kv_heads = 2});
-  run_module(state, mh, 1, N, 64, state.range(1) != 0);
+void register_modules(const std::string& policy, const std::string& dtype, std::initializer_list<index_t> lengths) {
+  for (index_t n : lengths)
+    for (bool backward : {false, true}) {
+      const std::string suffix = "/" + policy + "/" + dtype + (backward ? "/forward_backward" : "/forward") +
+                                 "/N:" + std::to_string(n);
+      const double N = static_cast<double>(n);
+      benchmark::RegisterBenchmark(("MultiHead" + suffix).c_str(), [=](benchmark::State& state) {
+        MultiHead<T, D, Policy> module({.d_model = C, .heads = h, .kv_heads = h});
+        run_module(state, module, n, backward,
+                   fl::multihead_forward(1, N, C, h, h, D, true) + (backward ? fl::multihead_backward(1, N, C, h, h, D, true) : 0));
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("Attention" + suffix).c_str(), [=](benchmark::State& state) {
+        Attention<T, D, Policy> module({.d_model = C, .heads = 2 * h, .kv_heads = 2 * h});
+        run_module(state, module, n, backward,
+                   fl::baseline_forward(1, N, C, 2 * h, 2 * h, D, true) +
+                       (backward ? fl::baseline_backward(1, N, C, 2 * h, 2 * h, D, true) : 0));
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("DecoderLayer" + suffix).c_str(), [=](benchmark::State& state) {
+        DecoderLayer<T, D, Policy> module({{.d_model = C, .heads = h, .kv_heads = h}, F});
+        run_module(state, module, n, backward,
+                   fl::decoder_forward(1, N, C, h, h, D, F, true) +
+                       (backward ? fl::decoder_backward(1, N, C, h, h, D, F, true) : 0));
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("SwiGLU" + suffix).c_str(), [=](benchmark::State& state) {
+        SwiGLU<T, Policy> module(C, F);
+        run_module(state, module, n, backward, 3 * (fl::linear_forward(N, F, C) + (backward ? fl::linear_backward(N, F, C) : 0)));
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("RMSNorm" + suffix).c_str(), [=](benchmark::State& state) {
+        RMSNorm<T, Policy> module(C);
+        run_module(state, module, n, backward, 0);
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
 }
 
+// The attention op alone: q, k, v already projected, both maps (or one).
+template <int Maps, class T, class Policy>
+void register_attention_op(const std::string& policy, const std::string& dtype, std::initializer_list<index_t> lengths) {
+  const index_t heads = Maps == 2 ? h : 2 * h, dv = Maps * D;
+  const std::string name = Maps == 2 ? "op:diff_attention" : "op:attention";
+  for (index_t n : lengths)
+    for (bool backward : {false, true}) {
+      const double N = static_cast<double>(n);
+      const double flops = backward ? fl::attention_backward(1, heads, N, Maps, D, dv, true)
+                                    : fl::attention_forward(1, heads, N, Maps, D, dv, true);
+      benchmark::RegisterBenchmark(
+          (name + "/" + policy + "/" + dtype + (backward ? "/backward" : "/forward") + "/N:" + std::to_string(n)).c_str(),
+          [=](benchmark::State& state) {
+            Policy p;
+            random_stream rng(3);
+            Tensor<T, 5> q({1, n, heads, Maps, D}), k(q.shape()), dq(q.shape()), dk(q.shape());
+            Tensor<T, 4> v({1, n, heads, dv}), o(v.shape()), o2(Maps == 2 ? v.shape() : shape_t<4>{}), d_o(v.shape()),
+                dvv(v.shape());
+            Tensor<accum_t<T>, 4> lse({1, heads, Maps, n});
+            Tensor<accum_t<T>, 1> lambda(Maps == 2 ? shape_t<1>{1} : shape_t<1>{}), dlambda(lambda.shape());
+            for (auto* t : {&q, &k}) fill_normal(t->view(), rng);
+            fill_normal(v.view(), rng);
+            fill_normal(d_o.view(), rng);
+            if (Maps == 2) lambda(0) = accum_t<T>(0.5);
+            attention_forward<Maps>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), true, o.view(),
+                                    o2.view(), lse.view());
+            for (auto _ : state) {
+              if (backward)
+                attention_backward<Maps>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), true,
+                                         o.const_view(), o2.const_view(), lse.const_view(), d_o.const_view(), dq.view(),
+                                         dk.view(), dvv.view(), dlambda.view());
+              else
+                attention_forward<Maps>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), true,
+                                        o.view(), o2.view(), lse.view());
+              benchmark::ClobberMemory();
+            }
+            set_counters(state, flops, N);
+          })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+}
+
+// The token-wise ops on [N, C] rows (the projection is the Q projection, C -> 2hD).
 template <class T, class Policy>
-void decoder_layer(benchmark::State& state) {
-  const index_t N = state.range(0);
-  DecoderLayer<T, 16, Policy> layer({{.d_model = 64, .heads = 2, .kv_heads = 2}});
-  run_module(state, layer, 1, N, 64, state.range(1) != 0);
+void register_token_ops(const std::string& policy, const std::string& dtype, std::initializer_list<index_t> lengths) {
+  for (index_t n : lengths)
+    for (bool backward : {false, true}) {
+      const double N = static_cast<double>(n);
+      const std::string suffix = "/" + policy + "/" + dtype + (backward ? "/backward" : "/forward") + "/N:" + std::to_string(n);
+      auto add = [&](const std::string& op, double flops, auto body) {
+        benchmark::RegisterBenchmark(("op:" + op + suffix).c_str(), [=](benchmark::State& state) {
+          body(state);
+          set_counters(state, flops, N);
+        })->UseRealTime()->Unit(benchmark::kMillisecond);
+      };
+      add("linear", backward ? fl::linear_backward(N, 2 * h * D, C) : fl::linear_forward(N, 2 * h * D, C),
+          [=](benchmark::State& state) {
+            Policy p;
+            const auto x = random_input<T>(n, 1);
+            Tensor<T, 2> w({2 * h * D, C}), y({n, 2 * h * D}), dw(w.shape());
+            Tensor<T, 3> dx(x.shape());
+            random_stream rng(2);
+            fill_normal(w.view(), rng, 0.0, 0.03);
+            for (auto _ : state) {
+              if (backward)
+                linear_backward(p, flatten_rows(x.const_view()), w.const_view(), y.const_view(), flatten_rows(dx.view()),
+                                dw.view());
+              else
+                linear_forward(p, flatten_rows(x.const_view()), w.const_view(), y.view());
+              benchmark::ClobberMemory();
+            }
+          });
+      add("rmsnorm", 0, [=](benchmark::State& state) {
+        Policy p;
+        const auto x = random_input<T>(n, 1);
+        Tensor<T, 3> y(x.shape()), dx(x.shape());
+        Tensor<T, 1> w({C}), dw({C});
+        Tensor<accum_t<T>, 1> rstd({n});
+        fill_constant(w.view(), 1.0);
+        rmsnorm_forward(p, flatten_rows(x.const_view()), w.const_view(), 1e-5, 1.0, flatten_rows(y.view()), rstd.view());
+        for (auto _ : state) {
+          if (backward)
+            rmsnorm_backward(p, flatten_rows(x.const_view()), w.const_view(), rstd.const_view(), 1.0,
+                             flatten_rows(x.const_view()), flatten_rows(dx.view()), dw.view());
+          else
+            rmsnorm_forward(p, flatten_rows(x.const_view()), w.const_view(), 1e-5, 1.0, flatten_rows(y.view()), rstd.view());
+          benchmark::ClobberMemory();
+        }
+      });
+      add("rope", 0, [=](benchmark::State& state) {
+        Policy p;
+        Tensor<T, 4> q({1, n, 2 * h, D});
+        random_stream rng(4);
+        fill_normal(q.view(), rng);
+        for (auto _ : state) {
+          if (backward)
+            rope_backward(p, q.view(), 0, 10000.0);
+          else
+            rope_forward(p, q.view(), 0, 10000.0);
+          benchmark::ClobberMemory();
+        }
+      });
+      add("swiglu_gate", 0, [=](benchmark::State& state) {
+        Policy p;
+        Tensor<T, 2> g({n, F}), u(g.shape()), out(g.shape()), dg(g.shape()), du(g.shape());
+        random_stream rng(5);
+        fill_normal(g.view(), rng);
+        fill_normal(u.view(), rng);
+        for (auto _ : state) {
+          if (backward)
+            swiglu_gate_backward(p, g.const_view(), u.const_view(), g.const_view(), dg.view(), du.view());
+          else
+            swiglu_gate_forward(p, g.const_view(), u.const_view(), out.view());
+          benchmark::ClobberMemory();
+        }
+      });
+    }
+}
+
+// Eigen's single-precision GEMM at a square size: the rate the kernels are measured against.
+void eigen_sgemm(benchmark::State& state) {
+  const auto n = static_cast<Eigen::Index>(state.range(0));
+  Eigen::MatrixXf a = Eigen::MatrixXf::Random(n, n), b = Eigen::MatrixXf::Random(n, n), c(n, n);
+  for (auto _ : state) {
+    c.noalias() = a * b;
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, 2.0 * static_cast<double>(n * n * n), 0);
 }
 
 }  // namespace
 
-// range(0) = N, range(1) = 0 forward only, 1 forward + backward
-BENCHMARK(multihead<float, policy::reference>)->ArgsProduct({{64, 256}, {0, 1}})->Unit(benchmark::kMillisecond);
-BENCHMARK(decoder_layer<float, policy::reference>)->ArgsProduct({{64, 256}, {0, 1}})->Unit(benchmark::kMillisecond);
-
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::RegisterBenchmark("eigen_sgemm", eigen_sgemm)->Arg(1024)->Arg(2048)->UseRealTime()->Unit(benchmark::kMillisecond);
+  register_token_ops<float, policy::simd>("simd", "float32", {2048});
+  register_token_ops<float, policy::reference>("reference", "float32", {256});
+  register_attention_op<2, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});
+  register_attention_op<1, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});
+  register_attention_op<2, Eigen::bfloat16, policy::simd>("simd", "bfloat16", {2048});
+  register_modules<float, policy::simd>("simd", "float32", {256, 512, 1024, 2048, 4096});
+  register_modules<Eigen::bfloat16, policy::simd>("simd", "bfloat16", {2048});
+  register_modules<float, policy::reference>("reference", "float32", {256});
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

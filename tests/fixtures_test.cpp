@@ -19,11 +19,11 @@
 #include <difftx/difftx.hpp>
 #include <difftx/io/parameters.hpp>
 #include <difftx/io/safetensors.hpp>
+#include <difftx/testing/compare.hpp>
 
-#include "support/helpers.hpp"
 
 using namespace difftx;
-using test_support::normwise_difference;
+using testing::normwise_difference;
 
 namespace {
 
@@ -44,15 +44,12 @@ double case_scale(const io::tensor_file& f) {
 
 void check_close(const io::tensor_file& f, const std::string& file, const std::string& name, const double* ours) {
   const auto expected = f.at(name, "fixture", file).values();
-  double diff = 0, scale = 1e-5 * case_scale(f);
-  for (std::size_t i = 0; i < expected.size(); ++i) {
-    diff = std::max(diff, std::abs(ours[i] - expected[i]));
-    scale = std::max(scale, std::abs(expected[i]));
-  }
+  const auto n = static_cast<index_t>(expected.size());
+  const double diff = normwise_difference(ours, expected.data(), n, 1e-5 * case_scale(f));
   INFO(file << ": " << name);
-  MESSAGE(file << ": " << name << " differs by " << diff / scale << " (own-scale "
-               << normwise_difference(ours, expected.data(), static_cast<index_t>(expected.size())) << ")");
-  CHECK(diff / scale < fixture_tolerance);
+  MESSAGE(file << ": " << name << " differs by " << diff << " (own-scale " << normwise_difference(ours, expected.data(), n)
+               << ")");
+  CHECK(diff < fixture_tolerance);
 }
 
 // Loads the fixture's weights into module, runs forward and backward on its

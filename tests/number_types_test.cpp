@@ -1,7 +1,8 @@
 // The modules instantiated with float, double, long double, Eigen::half,
 // Eigen::bfloat16 and a dual number type defined only here.
 //  - Each type against the same module in long double, on inputs and weights
-//    exactly representable in the type; the bars are difftx::testing::tolerance.
+//    exactly representable in the type (test_support::compare_modules); the
+//    bars are difftx::testing::tolerance.
 //  - Dual numbers: the forward's tangent J·dx (and J·dθ) must agree with the
 //    backward's Jᵀ·dy: <dy, J·dx + J_θ·dθ> = <Jᵀdy, dx> + <∇θ, dθ>.
 #include <doctest/doctest.h>
@@ -13,71 +14,19 @@
 #include <difftx/difftx.hpp>
 #include <difftx/testing/tolerance.hpp>
 
+#include "support/compare_modules.hpp"
 #include "support/dual.hpp"
-#include "support/helpers.hpp"
 
 using namespace difftx;
-using test_support::normwise_difference;
+using testing::normwise_difference;
 
 namespace {
 
-struct errors {
-  double forward = 0, backward = 0;
-  std::string worst_backward;
-};
-
-// Rounds a value to T and back, so the long double reference sees exactly what T holds.
-template <class T>
-long double through(long double v) {
-  return static_cast<long double>(scalar_traits<T>::to_double(scalar_traits<T>::from_double(static_cast<double>(v))));
-}
-
-template <class T, class Make>
-errors compare_with_long_double(Make make, const shape_t<3>& shape, std::uint64_t seed) {
-  auto ref = make.template operator()<long double>();
-  auto mod = make.template operator()<T>();
-  test_support::randomise_parameters(ref, seed);
-  for (auto& p : ref.parameters())
-    for (index_t i = 0; i < p.size(); ++i) p.value[i] = through<T>(p.value[i]);
-  test_support::copy_parameters(mod, ref);
-
-  auto x_ref = test_support::random_tensor<long double, 3>(shape, seed + 1);
-  auto dy_ref = test_support::random_tensor<long double, 3>(mod.output_shape(shape), seed + 2);
-  for (auto* t : {&x_ref, &dy_ref})
-    for (index_t i = 0; i < t->size(); ++i) t->data()[i] = through<T>(t->data()[i]);
-  const auto x = test_support::convert<T>(x_ref), dy = test_support::convert<T>(dy_ref);
-
-  auto run = [](auto& module, const auto& input, const auto& grad_out) {
-    using U = typename std::remove_reference_t<decltype(module)>::value_type;
-    Tensor<U, 3> y(grad_out.shape()), dx(input.shape());
-    typename std::remove_reference_t<decltype(module)>::saved_type saved;
-    zero_grad(module);
-    module.forward(input.view(), y.view(), saved);
-    module.backward(input.view(), grad_out.view(), saved, dx.view());
-    return std::pair{std::move(y), std::move(dx)};
-  };
-  const auto [y_ref, dx_ref] = run(ref, x_ref, dy_ref);
-  const auto [y, dx] = run(mod, x, dy);
-
-  errors e;
-  e.forward = normwise_difference(y.data(), y_ref.data(), y.size());
-  e.backward = normwise_difference(dx.data(), dx_ref.data(), dx.size());
-  e.worst_backward = "input";
-  auto grads = mod.parameters();
-  auto grads_ref = ref.parameters();
-  for (std::size_t i = 0; i < grads.size(); ++i) {
-    const double d = normwise_difference(grads[i].grad, grads_ref[i].grad, grads[i].size());
-    if (d > e.backward) {
-      e.backward = d;
-      e.worst_backward = grads[i].name;
-    }
-  }
-  return e;
-}
-
 template <class T, class Make>
 void check_type(const char* module, Make make, const shape_t<3>& shape) {
-  const auto e = compare_with_long_double<T>(make, shape, 42);
+  auto oracle = make.template operator()<long double>();
+  auto candidate = make.template operator()<T>();
+  const auto e = test_support::compare_modules(candidate, oracle, shape, 42);
   // long double meets itself here (error 0); its own check is the gradcheck.
   const double fwd_bar = testing::tolerance<T>::forward, bwd_bar = testing::tolerance<T>::backward;
   MESSAGE(std::string(module) << " " << scalar_traits<T>::name << ": forward " << e.forward / scalar_traits<T>::epsilon

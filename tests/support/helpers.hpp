@@ -1,6 +1,6 @@
 // Helpers shared by the test suites: parameter randomisation in the fixtures'
-// distributions, cross-type copies, the normwise difference, and the check
-// that a call throws the expected input_error.
+// distributions, cross-type copies, and the check that a call throws the
+// expected input_error.
 #pragma once
 
 #include <algorithm>
@@ -13,7 +13,6 @@
 #include <doctest/doctest.h>
 
 #include <difftx/difftx.hpp>
-#include <difftx/testing/tolerance.hpp>
 
 namespace test_support {
 
@@ -71,11 +70,9 @@ difftx::Tensor<T, R> random_tensor(const difftx::shape_t<R>& shape, std::uint64_
   return t;
 }
 
-using difftx::testing::normwise_difference;
-
 // Runs f, which must throw input_error whose parts contain the given words.
 inline void expect_input_error(const std::function<void()>& f, const std::string& where, const std::string& argument,
-                        const std::string& expected, const std::string& got) {
+                               const std::string& expected, const std::string& got) {
   try {
     f();
     FAIL("no input_error thrown (expected one from " << where << " about " << argument << ")");

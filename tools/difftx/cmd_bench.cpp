@@ -12,6 +12,7 @@
 #include <difftx/modules/swiglu.hpp>
 
 #include "commands.hpp"
+#include "flops.hpp"
 #include "runner.hpp"
 
 namespace difftx::cli {
@@ -29,52 +30,27 @@ struct flop_count {
   double forward = 0, backward = 0;
 };
 
-// FLOPs of one forward and of one backward of the module on x [B, N, C],
-// counting matrix products only, 2·M·N·K each:
-//  - a projection [in -> out] on the B·N tokens: forward 2·BN·in·out; backward
-//    twice that (dX = dY·W and dW = dYᵀ·X);
-//  - attention, per head, over its `maps` softmax maps (2 differential, 1
-//    standard), with query/key size d, value size dv and P the (query, key)
-//    pairs computed (N(N+1)/2 causal, the masked half skipped; N² otherwise):
-//    forward maps·(2·d·P + 2·dv·P) for the scores Q·Kᵀ and A·V; backward, as
-//    the reference computes it, maps·3·2·d·P (scores recomputed from the saved
-//    log-sum-exp, dQ, dK) plus 2·2·dv·P (dO·Vᵀ and dV, once: the maps share V).
-// Not counted: RMSNorm, RoPE, the softmax exponentials, the SwiGLU gate and
-// the residual adds, each O(B·N·C); so rmsnorm counts none.
+// FLOPs of one forward and of one backward of the module on x [B, N, C], as
+// the benchmark suite counts them (benchmarks/flops.hpp): matrix products only,
+// 2·M·N·K each (a projection's backward twice its forward: dX and dW);
+// attention per head over the (query, key) pairs a kernel must visit (N(N+1)/2
+// causal, N² otherwise), per pair and map 2d + 2dv forward (Q·Kᵀ, P·V) and per
+// pair 4dv + maps·4d backward (dV, dP; dQ, dK), not counting the scores the
+// backward recomputes. RMSNorm, RoPE, softmax, the SwiGLU gate and residual adds
+// are not counted, so rmsnorm counts none.
 flop_count count_flops(const module_spec& s, index_t batch, index_t seq) {
-  const double tokens = static_cast<double>(batch * seq), C = static_cast<double>(s.d_model);
-  flop_count f;
-  auto projection = [&](double in, double out) {
-    f.forward += 2 * tokens * in * out;
-    f.backward += 4 * tokens * in * out;
-  };
-  auto attention = [&](double heads, double maps, double d, double dv) {
-    const double n = static_cast<double>(seq), pairs = s.causal ? n * (n + 1) / 2 : n * n;
-    f.forward += static_cast<double>(batch) * heads * maps * (2 * d * pairs + 2 * dv * pairs);
-    f.backward += static_cast<double>(batch) * heads * (maps * 3 * 2 * d * pairs + 2 * 2 * dv * pairs);
-  };
-  const double h = static_cast<double>(s.heads), g = static_cast<double>(s.kv_heads), D = static_cast<double>(s.head_dim);
-  if (s.kind == "attention") {
-    projection(C, h * D);
-    projection(C, g * D);
-    projection(C, g * D);
-    projection(h * D, C);
-    attention(h, 1, D, D);
-  }
-  if (s.kind == "multihead" || s.kind == "decoder_layer") {
-    projection(C, 2 * h * D);
-    projection(C, 2 * g * D);
-    projection(C, 2 * g * D);
-    projection(2 * h * D, C);
-    attention(h, 2, D, 2 * D);
-  }
-  if (s.kind == "swiglu" || s.kind == "decoder_layer") {
-    const double F = static_cast<double>(s.ffn_dim);
-    projection(C, F);
-    projection(C, F);
-    projection(F, C);
-  }
-  return f;
+  const double b = static_cast<double>(batch), n = static_cast<double>(seq), c = static_cast<double>(s.d_model);
+  const double h = static_cast<double>(s.heads), g = static_cast<double>(s.kv_heads), d = static_cast<double>(s.head_dim);
+  const double f = static_cast<double>(s.ffn_dim);
+  if (s.kind == "multihead")
+    return {difftx_bench::multihead_forward(b, n, c, h, g, d, s.causal), difftx_bench::multihead_backward(b, n, c, h, g, d, s.causal)};
+  if (s.kind == "attention")
+    return {difftx_bench::baseline_forward(b, n, c, h, g, d, s.causal), difftx_bench::baseline_backward(b, n, c, h, g, d, s.causal)};
+  if (s.kind == "decoder_layer")
+    return {difftx_bench::decoder_forward(b, n, c, h, g, d, f, s.causal),
+            difftx_bench::decoder_backward(b, n, c, h, g, d, f, s.causal)};
+  if (s.kind == "swiglu") return {3 * difftx_bench::linear_forward(b * n, f, c), 3 * difftx_bench::linear_backward(b * n, f, c)};
+  return {};
 }
 
 // Median milliseconds of `repeats` calls of f, after one untimed warm-up call.
@@ -200,13 +176,13 @@ void add_bench_command(CLI::App& app) {
                 "print one JSON object: forward_ms (and forward_backward_ms), both medians, tokens/s, GFLOP/s, "
                 "FLOPs, the shape, module, policy, dtype and threads");
   cmd->footer(
-      "FLOPs count matrix products only, 2·M·N·K each. A projection [in -> out] on B·N tokens: forward 2·BN·in·out,\n"
-      "backward twice that (dX and dW). Attention per head and softmax map (2 per differential head, 1 otherwise),\n"
-      "with P the (query, key) pairs computed (N(N+1)/2 causal: the masked half is not counted; N² otherwise),\n"
-      "query/key size d = D and value size dv (2D differential, D standard): forward 2·d·P (Q·Kᵀ) + 2·dv·P (A·V);\n"
-      "backward as computed: 3 · 2·d·P per map (scores recomputed from the log-sum-exp, dQ, dK) + 2 · 2·dv·P per\n"
-      "head (dO·Vᵀ, dV). Not counted: RMSNorm, RoPE, softmax exponentials, the SwiGLU gate, residual adds\n"
-      "(O(B·N·C) each), so rmsnorm reports no GFLOP/s.\n" +
+      "FLOPs, as the benchmark suite counts them: matrix products only, 2·M·N·K each. A projection [in -> out]\n"
+      "on B·N tokens: forward 2·BN·in·out, backward twice that (dX and dW). Attention per head over the (query,\n"
+      "key) pairs P a kernel must visit (N(N+1)/2 causal: the masked half is not counted; N² otherwise), with\n"
+      "query/key size d = D, value size dv (2D differential, D standard) and 2 maps (differential) or 1: forward\n"
+      "P·maps·(2d + 2dv) (Q·Kᵀ, P·V); backward P·(4dv + maps·4d) (dV, dP; dQ, dK), without the scores the\n"
+      "backward recomputes, so GFLOP/s are conservative. Not counted: RMSNorm, RoPE, softmax, the SwiGLU gate,\n"
+      "residual adds (O(B·N·C) each), so rmsnorm reports no GFLOP/s. Threads: the policy's (simd: OMP_NUM_THREADS).\n" +
       exit_codes_help);
   cmd->callback([o] { bench(*o); });
 }

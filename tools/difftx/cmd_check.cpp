@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 
 #include <difftx/core/random.hpp>
+#include <difftx/testing/compare.hpp>
 #include <difftx/testing/gradcheck.hpp>
 #include <difftx/testing/tolerance.hpp>
 
@@ -87,8 +89,23 @@ run_result forward_backward(runner& module, const io::tensor_file& weights, cons
           module.gradients(io::dtype::f64)};
 }
 
-double difference(const std::vector<double>& a, const std::vector<double>& b) {
-  return testing::normwise_difference(a.data(), b.data(), static_cast<index_t>(b.size()));
+double difference(const std::vector<double>& a, const std::vector<double>& b, double floor = 0) {
+  return testing::normwise_difference(a.data(), b.data(), static_cast<index_t>(b.size()), floor);
+}
+
+// The worst of dx and every parameter gradient, each against at least a tenth
+// of the largest reference gradient (testing::gradient_floor_fraction says why).
+double gradients_difference(const run_result& ours, const run_result& ref) {
+  double scale = testing::max_abs(ref.grad_input.data(), static_cast<index_t>(ref.grad_input.size()));
+  std::map<std::string, std::vector<double>> ref_grads;
+  for (const auto& [name, g] : ref.gradients.tensors) {
+    ref_grads[name] = g.values();
+    scale = std::max(scale, testing::max_abs(ref_grads[name].data(), static_cast<index_t>(ref_grads[name].size())));
+  }
+  const double floor = testing::gradient_floor_fraction * scale;
+  double worst = difference(ours.grad_input, ref.grad_input, floor);
+  for (const auto& [name, g] : ref_grads) worst = std::max(worst, difference(ours.gradients.tensors.at(name).values(), g, floor));
+  return worst;
 }
 
 // testing::gradcheck through the runner interface, so it works for any policy
@@ -167,7 +184,8 @@ int check() {
   std::printf("  gradcheck: float64, %td sampled entries per tensor against five-point finite differences, bar %.0e\n",
               entries_per_tensor, testing::gradcheck_options{}.tolerance);
   std::printf("  vs ref: max|a - b| / max|b| against the reference policy in float64 on the same weights and input;\n"
-              "  grads: the worst of dx and every parameter gradient\n");
+              "  grads: the worst of dx and every parameter gradient, with max|b| at least %.0f%% of the largest gradient\n",
+              100 * testing::gradient_floor_fraction);
   std::printf("  bars (testing::tolerance<T>, output / gradients):");
   for (auto t : types)
     with_tolerance(t, [&](auto tol) {
@@ -207,9 +225,7 @@ int check() {
           if (policy != "reference" || type != io::dtype::f64) {
             const auto ref = forward_backward(*reference, typed_weights, typed_x, typed_dy);
             const double output_diff = difference(ours.output, ref.output);
-            double grads_diff = difference(ours.grad_input, ref.grad_input);
-            for (const auto& [name, g] : ref.gradients.tensors)
-              grads_diff = std::max(grads_diff, difference(ours.gradients.tensors.at(name).values(), g.values()));
+            const double grads_diff = gradients_difference(ours, ref);
             output_text = scientific(output_diff);
             grads_text = scientific(grads_diff);
             ok = ok && with_tolerance(type, [&](auto tol) { return output_diff <= tol.forward && grads_diff <= tol.backward; });

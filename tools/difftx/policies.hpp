@@ -4,15 +4,16 @@
 // for (D is a template parameter; the tool picks the instantiation at run time
 // from this list). Entries go slowest first: the last one is "the fastest
 // policy built", every command's default. Adding a policy is adding its header
-// and one entry here, e.g. policy_entry<policy::simd, 8, 16, 32, 64, 128>.
-// A policy that runs on several threads says how many with threads(); the
-// others count as one.
+// and one entry here, e.g. policy_entry<policy::cuda, 16, 32, 64, 128>.
+// A policy with a `threads` member runs its kernels on that many OpenMP threads
+// (0: OpenMP's default, OMP_NUM_THREADS); the others count as one.
 #pragma once
 
 #include <array>
 #include <tuple>
 
 #include <difftx/policy/reference.hpp>
+#include <difftx/policy/simd.hpp>
 
 namespace difftx::cli {
 
@@ -22,6 +23,7 @@ struct policy_entry {
   static constexpr std::array<index_t, sizeof...(D)> head_dims{D...};
 };
 
-using built_policies = std::tuple<policy_entry<policy::reference, 2, 4, 8, 16, 32, 64, 128>>;
+using built_policies = std::tuple<policy_entry<policy::reference, 2, 4, 8, 16, 32, 64, 128>,
+                                  policy_entry<policy::simd, 4, 8, 16, 32, 64, 128>>;
 
 }  // namespace difftx::cli

@@ -5,6 +5,9 @@
 
 #include <string>
 #include <utility>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include <difftx/difftx.hpp>
 #include <difftx/io/parameters.hpp>
@@ -57,10 +60,12 @@ class module_runner final : public runner {
   io::stored_tensor grad_input(io::dtype type) const override { return to_stored(dx_, type); }
 
   int threads() const override {
-    if constexpr (requires(const typename Module::policy_type& p) { p.threads(); })
-      return module_.policy().threads();
-    else
-      return 1;
+    if constexpr (requires(const typename Module::policy_type& p) { p.threads; }) {
+#if defined(_OPENMP)
+      return module_.policy().threads > 0 ? module_.policy().threads : omp_get_max_threads();
+#endif
+    }
+    return 1;
   }
 
  private:

@@ -20,27 +20,9 @@
 // O(1), far above all of them.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
-
 #include "difftx/core/scalar_traits.hpp"
-#include "difftx/core/tensor.hpp"
 
 namespace difftx::testing {
-
-// Normwise relative difference max_i |a_i - b_i| / max_i |b_i| (b is the
-// reference; an all-zero b gives the absolute difference). Elementwise
-// relative error is meaningless where b_i ≈ 0.
-template <class A, class B>
-double normwise_difference(const A* a, const B* b, index_t n) {
-  double diff = 0, scale = 0;
-  for (index_t i = 0; i < n; ++i) {
-    const double av = scalar_traits<A>::to_double(a[i]), bv = scalar_traits<B>::to_double(b[i]);
-    diff = std::max(diff, std::abs(av - bv));
-    scale = std::max(scale, std::abs(bv));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
 
 template <class T>
 struct tolerance {

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""difftx's CPU MultiHead against PyTorch on the CPU, in one run.
+
+Times, for the same shapes and thread count:
+  - difftx (policy::simd, float32): by running the Google Benchmark binary
+    build/release/benchmarks/difftx_bench (JSON output);
+  - PyTorch, the two recipes a user of the reference code would write:
+      naive: the reference repo's MultiheadDiffAttn (both softmax maps
+             materialised, N x N per head and map, then subtracted);
+      sdpa:  its MultiheadFlashDiff1 recipe, two
+             torch.nn.functional.scaled_dot_product_attention calls (q1/k1 and
+             q2/k2 against the shared 2D-wide values), where PyTorch has SDPA.
+    Both are written here from the spec (RoPE interleaved, grouped heads,
+    subln, lambda), forward and forward + backward (autograd, w.r.t. the input
+    and every parameter);
+  - the fused attention op alone next to Eigen's SGEMM, from the same binary.
+
+Writes docs/benchmarks.json, prints the Markdown tables for docs/benchmarks.md,
+and draws docs/benchmarks_cpu.png (time vs N). Run from the repository root:
+
+    python3 benchmarks/peer_pytorch.py [--threads 2] [--lengths 512 1024 2048 4096]
+
+needs torch (>= 2.0 for the sdpa recipe), numpy and matplotlib.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+C, H, D = 768, 6, 64  # d_model, differential heads, half head size (the issue's shape)
+
+
+# --- the spec in PyTorch ------------------------------------------------------
+
+def rope(x, theta=10000.0):
+    """Interleaved rotary embedding on the last axis of x [B, N, V, d]."""
+    n, d = x.shape[1], x.shape[-1]
+    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None, :]
+    cos = ang.cos().to(x.dtype)[None, :, None, :]
+    sin = ang.sin().to(x.dtype)[None, :, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+def rmsnorm(x, w, eps=1e-5):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class DiffMultiHead(torch.nn.Module):
+    def __init__(self, layer_index=0, recipe="naive"):
+        super().__init__()
+        self.recipe = recipe
+        self.q_proj = torch.nn.Linear(C, 2 * H * D, bias=False)
+        self.k_proj = torch.nn.Linear(C, 2 * H * D, bias=False)
+        self.v_proj = torch.nn.Linear(C, 2 * H * D, bias=False)
+        self.out_proj = torch.nn.Linear(2 * H * D, C, bias=False)
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_index)
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            setattr(self, name, torch.nn.Parameter(torch.randn(D) * 0.1))
+        self.subln = torch.nn.Parameter(torch.ones(2 * D))
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q = rope(self.q_proj(x).view(b, n, 2 * H, D))
+        k = rope(self.k_proj(x).view(b, n, 2 * H, D))
+        v = self.v_proj(x).view(b, n, H, 2 * D)
+        lam = (torch.exp((self.lambda_q1 * self.lambda_k1).sum()) - torch.exp((self.lambda_q2 * self.lambda_k2).sum())
+               + self.lambda_init)
+        if self.recipe == "naive":
+            # both maps materialised: [B, 2H, N, N]
+            qh, kh, vh = q.transpose(1, 2) * D ** -0.5, k.transpose(1, 2), v.transpose(1, 2)
+            mask = torch.full((n, n), float("-inf")).triu(1)
+            a = F.softmax(qh @ kh.transpose(-1, -2) + mask, dim=-1).view(b, H, 2, n, n)
+            o = (a[:, :, 0] - lam * a[:, :, 1]) @ vh  # [B, H, N, 2D]
+            o = o.transpose(1, 2)
+        else:
+            q = q.view(b, n, H, 2, D)
+            k = k.view(b, n, H, 2, D)
+            vh = v.transpose(1, 2)
+            o1 = F.scaled_dot_product_attention(q[:, :, :, 0].transpose(1, 2), k[:, :, :, 0].transpose(1, 2), vh,
+                                                is_causal=True)
+            o2 = F.scaled_dot_product_attention(q[:, :, :, 1].transpose(1, 2), k[:, :, :, 1].transpose(1, 2), vh,
+                                                is_causal=True)
+            o = (o1 - lam * o2).transpose(1, 2)
+        o = rmsnorm(o, self.subln) * (1 - self.lambda_init)
+        return self.out_proj(o.reshape(b, n, 2 * H * D))
+
+
+def time_torch(module, n, backward, repeats):
+    x = torch.randn(1, n, C, requires_grad=backward)
+    dy = torch.randn(1, n, C)
+    times = []
+    for i in range(repeats + 1):  # the first run warms up
+        t0 = time.perf_counter()
+        y = module(x)
+        if backward:
+            y.backward(dy)
+        t1 = time.perf_counter()
+        if i:
+            times.append(t1 - t0)
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+    return statistics.median(times) * 1e3
+
+
+# --- difftx through its Google Benchmark binary -------------------------------
+
+def run_difftx(binary, lengths, threads, min_time):
+    names = "|".join(
+        [f"MultiHead/simd/float32/(forward|forward_backward)/N:({'|'.join(map(str, lengths))})/",
+         f"Attention/simd/float32/(forward|forward_backward)/N:({'|'.join(map(str, lengths))})/",
+         f"op:(diff_attention|attention)/simd/float32/(forward|backward)/N:({'|'.join(map(str, lengths))})/",
+         "eigen_sgemm/2048"])
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([binary, f"--benchmark_filter={names}", "--benchmark_format=json",
+                          f"--benchmark_min_time={min_time}"], check=True, capture_output=True, text=True, env=env)
+    results = {}
+    for b in json.loads(out.stdout)["benchmarks"]:
+        results[b["name"].replace("/real_time", "")] = {"ms": b["real_time"], "gflops": b.get("GFLOP/s", 0) / 1e9}
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--binary", default="build/release/benchmarks/difftx_bench")
+    ap.add_argument("--min-time", default="1")
+    ap.add_argument("--out", default="docs")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    has_sdpa = hasattr(F, "scaled_dot_product_attention")
+
+    ours = run_difftx(args.binary, args.lengths, args.threads, args.min_time)
+    rows = []
+    for n in args.lengths:
+        row = {"N": n}
+        for backward, key in ((False, "forward"), (True, "forward_backward")):
+            row[f"difftx_{key}_ms"] = ours[f"MultiHead/simd/float32/{key}/N:{n}"]["ms"]
+            row[f"baseline_{key}_ms"] = ours[f"Attention/simd/float32/{key}/N:{n}"]["ms"]
+            with torch.no_grad() if not backward else torch.enable_grad():
+                row[f"naive_{key}_ms"] = time_torch(DiffMultiHead(recipe="naive"), n, backward, args.repeats)
+                row[f"sdpa_{key}_ms"] = (time_torch(DiffMultiHead(recipe="sdpa"), n, backward, args.repeats)
+                                         if has_sdpa else None)
+        for op in ("diff_attention", "attention"):
+            for p in ("forward", "backward"):
+                row[f"op_{op}_{p}_gflops"] = ours[f"op:{op}/simd/float32/{p}/N:{n}"]["gflops"]
+        rows.append(row)
+        print(f"N={n}: " + ", ".join(f"{k}={v:.1f}" for k, v in row.items() if isinstance(v, float)), file=sys.stderr)
+    sgemm = ours["eigen_sgemm/2048"]["gflops"]
+
+    machine = {
+        "cpu": platform.processor() or open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": "),
+        "threads": args.threads, "torch": torch.__version__, "torch_cpu_capability":
+            torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "?",
+        "date": time.strftime("%Y-%m-%d"), "eigen_sgemm_2048_gflops": sgemm,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "benchmarks.json"), "w") as f:
+        json.dump({"machine": machine, "rows": rows}, f, indent=1)
+
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if a and b else "n/a"
+
+    print(f"MultiHead, B = 1, C = {C}, h = {H}, D = {D}, causal, float32, {args.threads} threads "
+          f"(PyTorch {torch.__version__}); times are medians in ms, ratios are PyTorch / difftx\n")
+    print("| N | pass | difftx | PyTorch naive | PyTorch SDPA | vs naive | vs SDPA | difftx baseline (H = 12) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        for key, label in (("forward", "forward"), ("forward_backward", "fwd + bwd")):
+            ours_ms, naive, sdpa = r[f"difftx_{key}_ms"], r[f"naive_{key}_ms"], r[f"sdpa_{key}_ms"]
+            print(f"| {r['N']} | {label} | {ours_ms:.1f} | {naive:.1f} | {sdpa:.1f} | {ratio(naive, ours_ms)} | "
+                  f"{ratio(sdpa, ours_ms)} | {r[f'baseline_{key}_ms']:.1f} |" if sdpa else
+                  f"| {r['N']} | {label} | {ours_ms:.1f} | {naive:.1f} | n/a | {ratio(naive, ours_ms)} | n/a | "
+                  f"{r[f'baseline_{key}_ms']:.1f} |")
+    print(f"\nFused attention op alone, GFLOP/s (causal pairs only) next to Eigen SGEMM 2048: {sgemm:.1f} GFLOP/s\n")
+    print("| N | differential fwd | differential bwd | standard fwd | standard bwd | diff fwd / SGEMM | diff bwd / SGEMM |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['N']} | {r['op_diff_attention_forward_gflops']:.1f} | {r['op_diff_attention_backward_gflops']:.1f} | "
+              f"{r['op_attention_forward_gflops']:.1f} | {r['op_attention_backward_gflops']:.1f} | "
+              f"{r['op_diff_attention_forward_gflops'] / sgemm:.0%} | {r['op_diff_attention_backward_gflops'] / sgemm:.0%} |")
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    ns = [r["N"] for r in rows]
+    for ax, key, title in ((axes[0], "forward", "forward"), (axes[1], "forward_backward", "forward + backward")):
+        ax.plot(ns, [r[f"difftx_{key}_ms"] for r in rows], "o-", label="difftx simd")
+        ax.plot(ns, [r[f"naive_{key}_ms"] for r in rows], "s--", label="PyTorch naive")
+        if has_sdpa:
+            ax.plot(ns, [r[f"sdpa_{key}_ms"] for r in rows], "^--", label="PyTorch 2 x SDPA")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("N")
+        ax.set_ylabel("ms")
+        ax.set_title(f"MultiHead {title}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"C={C}, h={H}, D={D}, causal, float32, {args.threads} threads, {machine['date']}")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "benchmarks_cpu.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    main()

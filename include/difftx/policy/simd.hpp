@@ -1,0 +1,21 @@
+// policy::simd: the fast CPU policy. Eigen GEMMs for the projections, xsimd
+// kernels for the norms, RoPE and SwiGLU, a fused flash-style kernel for both
+// attention maps (policy/simd/attention.hpp), OpenMP threads over rows, heads
+// and blocks. Computes in float and double; float16 and bfloat16 are stored as
+// they are and computed in float.
+//
+// Compile with the target's vector extensions (-march=native, or at least
+// -mavx2 -mfma -mf16c): xsimd and Eigen pick their instruction set at compile
+// time, and without flags they fall back to SSE2. Link OpenMP for threads
+// (the difftx::difftx target does where CMake finds it).
+#pragma once
+
+#include "difftx/policy/simd/tag.hpp"
+
+#include "difftx/policy/simd/attention.hpp"
+#include "difftx/policy/simd/diff_lambda.hpp"
+#include "difftx/policy/simd/elementwise.hpp"
+#include "difftx/policy/simd/linear.hpp"
+#include "difftx/policy/simd/rmsnorm.hpp"
+#include "difftx/policy/simd/rope.hpp"
+#include "difftx/policy/simd/swiglu.hpp"

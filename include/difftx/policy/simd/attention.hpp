@@ -1,0 +1,380 @@
+// Fused softmax attention with one or two maps on the CPU (formulas in
+// difftx/ops/attention.hpp), in the manner of FlashAttention-2: memory linear
+// in N, no N x N matrix ever stored.
+//
+// Forward, per (batch row, head, block of 64 queries): stream the key/value
+// blocks once; for each map keep the running row maximum, row sum and an
+// accumulator of P·V (two accumulators for differential attention, since the
+// backward needs O_2 on its own); skip key blocks wholly after the queries
+// (causal); finally O = O_1 - λ O_2 and the log-sum-exp of every row.
+//
+// Backward, per (batch row, group, block of 64 keys): dK and dV of the block
+// stay in the thread's tiles while every query block of every head of the group
+// that sees these keys passes by; probabilities are recomputed from the saved
+// log-sum-exp; dQ goes to per-thread accumulators summed at the end.
+//
+// Operands are converted once per (batch row, group) into A-typed copies laid
+// out for tile_product (keys and values also transposed), padded to whole
+// blocks with zeros; masked and padded entries get probability 0.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "difftx/ops/attention.hpp"
+#include "difftx/policy/simd/common.hpp"
+#include "difftx/policy/simd/tile.hpp"
+
+namespace difftx {
+
+namespace simd_detail {
+
+constexpr index_t attention_block = 64;  // queries and keys per tile; a multiple of every vector width
+
+inline index_t round_up(index_t n, index_t to) { return (n + to - 1) / to * to; }
+
+// The keys and values of one (batch row, group), as A. The transposed copies
+// are stored block by block, so the tile a product reads is contiguous (a
+// row stride of n_pad floats would put every row of a tile in the same L1 set
+// whenever n_pad is a multiple of 1024).
+template <class A>
+struct packed_keys {
+  index_t n_pad = 0;
+  std::vector<A> kt;  // [blocks][Maps][d][Bs]  S = Q · kt
+  std::vector<A> k;   // [Maps][n_pad][d]       dQ = dS · k          (backward)
+  std::vector<A> v;   // [n_pad][dv]            O += P · v
+  std::vector<A> vt;  // [blocks][dv][Bs]       dP = dO · vt          (backward)
+  // The tile of kt / vt for key block kb (map m).
+  const A* kt_tile(index_t kb, index_t m, index_t d) const { return kt.data() + ((kb * maps + m) * d) * attention_block; }
+  const A* vt_tile(index_t kb, index_t dv) const { return vt.data() + kb * dv * attention_block; }
+  index_t maps = 1;
+};
+
+template <int Maps, class T>
+void pack_keys(const policy::simd& p, cview<T, 5> k, cview<T, 4> v, index_t b, index_t j, bool for_backward,
+               packed_keys<accum_t<T>>& out) {
+  using A = accum_t<T>;
+  const index_t N = k.extent(1), G = k.extent(2), d = k.extent(4), dv = v.extent(3);
+  constexpr index_t Bs = attention_block;
+  const index_t n_pad = round_up(N, Bs);
+  out.n_pad = n_pad;
+  out.maps = Maps;
+  auto zeroed = [](std::vector<A>& buffer, index_t size) { buffer.assign(static_cast<std::size_t>(size), A(0)); };
+  zeroed(out.kt, Maps * d * n_pad);
+  zeroed(out.v, n_pad * dv);
+  if (for_backward) {
+    zeroed(out.k, Maps * n_pad * d);
+    zeroed(out.vt, dv * n_pad);
+  }
+#pragma omp parallel for num_threads(thread_count(p)) schedule(static)
+  for (index_t t = 0; t < N; ++t) {
+    std::vector<A> row_scratch;
+    for (index_t m = 0; m < Maps; ++m) {
+      const A* row = accum_row(k.data() + (((b * N + t) * G + j) * Maps + m) * d, d, row_scratch);
+      for (index_t c = 0; c < d; ++c)
+        out.kt[static_cast<std::size_t>((((t / Bs) * Maps + m) * d + c) * Bs + t % Bs)] = row[c];
+      if (for_backward) std::copy(row, row + d, out.k.begin() + (m * n_pad + t) * d);
+    }
+    const A* row = accum_row(v.data() + ((b * N + t) * G + j) * dv, dv, row_scratch);
+    std::copy(row, row + dv, out.v.begin() + t * dv);
+    if (for_backward)
+      for (index_t c = 0; c < dv; ++c) out.vt[static_cast<std::size_t>(((t / Bs) * dv + c) * Bs + t % Bs)] = row[c];
+  }
+}
+
+// How many keys of key block t0 row i may see: 0 for padded rows.
+inline index_t visible_keys(index_t i, index_t t0, index_t N, bool causal) {
+  if (i >= N) return 0;
+  const index_t end = causal ? std::min(i + 1, N) : N;
+  return std::clamp<index_t>(end - t0, 0, attention_block);
+}
+
+template <class A>
+A row_max(const A* x, index_t n) {
+  using V = vec<A>;
+  constexpr index_t W = V::size;
+  V vm(-std::numeric_limits<A>::infinity());
+  index_t t = 0;
+  for (; t + W <= n; t += W) vm = xsimd::max(vm, V::load_unaligned(x + t));
+  alignas(64) A lanes[W];
+  vm.store_aligned(lanes);
+  A m = lanes[0];
+  for (index_t l = 1; l < W; ++l) m = std::max(m, lanes[l]);
+  for (; t < n; ++t) m = std::max(m, x[t]);
+  return m;
+}
+
+// x[0, n) *= factor
+template <class A>
+void scale_in_place(A* x, index_t n, A factor) {
+  using V = vec<A>;
+  constexpr index_t W = V::size;
+  index_t i = 0;
+  for (; i + W <= n; i += W) (V::load_unaligned(x + i) * V(factor)).store_unaligned(x + i);
+  for (; i < n; ++i) x[i] *= factor;
+}
+
+// p[t] = exp(s[t] - shift) for t < n, 0 for t in [n, attention_block); in place.
+template <class A>
+void exponentiate(A* s, index_t n, A shift) {
+  using V = vec<A>;
+  constexpr index_t W = V::size;
+  index_t t = 0;
+  for (; t + W <= n; t += W) xsimd::exp(V::load_unaligned(s + t) - V(shift)).store_unaligned(s + t);
+  for (; t < n; ++t) s[t] = std::exp(s[t] - shift);
+  for (; t < attention_block; ++t) s[t] = A(0);
+}
+
+}  // namespace simd_detail
+
+// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
+//   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
+template <int Maps, class T>
+  requires supported_by<policy::simd, T>
+void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                       cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
+                       TensorView<accum_t<T>, 4> lse) {
+  using namespace simd_detail;
+  using A = accum_t<T>;
+  constexpr std::string_view where = "attention_forward";
+  detail::check_attention<Maps>(where, q, k, v, lambda, o, o2, lse, "o");
+  detail::require_all_in(where, memory_space::host,
+                         {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {"lambda", lambda.space()},
+                          {"o", o.space()}, {"o2", o2.space()}, {"lse", lse.space()}});
+  constexpr index_t Bs = attention_block;
+  const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), G = k.extent(2), d = q.extent(4);
+  const index_t r = H / G, dv = v.extent(3), blocks = round_up(N, Bs) / Bs;
+  const A scale = A(1) / std::sqrt(static_cast<A>(d));
+  const A lam = Maps == 2 ? lambda(0) : A(0);
+  packed_keys<A> keys;
+
+  for (index_t b = 0; b < B; ++b)
+    for (index_t j = 0; j < G; ++j) {
+      pack_keys<Maps, T>(p, k, v, b, j, false, keys);
+#pragma omp parallel num_threads(thread_count(p))
+      {
+        std::vector<A> q_tile(static_cast<std::size_t>(Maps * Bs * d)), s(static_cast<std::size_t>(Bs * Bs)),
+            acc(static_cast<std::size_t>(Maps * Bs * dv)), running_max(static_cast<std::size_t>(Maps * Bs)),
+            running_sum(static_cast<std::size_t>(Maps * Bs)), row_scratch;
+        // Items from the last query block down: with a causal mask they are the largest.
+#pragma omp for schedule(dynamic, 1)
+        for (index_t item = 0; item < r * blocks; ++item) {
+          const index_t qb = blocks - 1 - item / r, h = j * r + item % r, i0 = qb * Bs;
+          const index_t rows = std::min(Bs, N - i0);
+          std::fill(q_tile.begin(), q_tile.end(), A(0));
+          for (index_t i = 0; i < rows; ++i)
+            for (index_t m = 0; m < Maps; ++m) {
+              const A* row = accum_row(q.data() + (((b * N + i0 + i) * H + h) * Maps + m) * d, d, row_scratch);
+              for (index_t c = 0; c < d; ++c) q_tile[static_cast<std::size_t>((m * Bs + i) * d + c)] = row[c] * scale;
+            }
+          std::fill(acc.begin(), acc.end(), A(0));
+          std::fill(running_max.begin(), running_max.end(), -std::numeric_limits<A>::infinity());
+          std::fill(running_sum.begin(), running_sum.end(), A(0));
+
+          const index_t kb_end = causal ? qb + 1 : blocks;
+          for (index_t kb = 0; kb < kb_end; ++kb) {
+            const index_t t0 = kb * Bs;
+            for (index_t m = 0; m < Maps; ++m) {
+              A* acc_m = acc.data() + m * Bs * dv;
+              tile_product<a_layout::rows>(Bs, Bs, d, q_tile.data() + m * Bs * d, d, keys.kt_tile(kb, m, d), Bs, s.data(),
+                                           Bs, false);
+              for (index_t i = 0; i < rows; ++i) {
+                A* s_row = s.data() + i * Bs;
+                const index_t visible = visible_keys(i0 + i, t0, N, causal);
+                const auto mi = static_cast<std::size_t>(m * Bs + i);
+                const A new_max = std::max(running_max[mi], row_max(s_row, visible));
+                exponentiate(s_row, visible, new_max);
+                if (new_max > running_max[mi]) {  // else the old terms keep their scale
+                  const A rescale = std::exp(running_max[mi] - new_max);  // 0 on the first block
+                  running_sum[mi] *= rescale;
+                  scale_in_place(acc_m + i * dv, dv, rescale);
+                  running_max[mi] = new_max;
+                }
+                running_sum[mi] += sum(s_row, visible);
+              }
+              for (index_t i = rows; i < Bs; ++i) std::fill(s.begin() + i * Bs, s.begin() + (i + 1) * Bs, A(0));
+              tile_product<a_layout::rows>(Bs, dv, Bs, s.data(), Bs, keys.v.data() + t0 * dv, dv, acc_m, dv, true);
+            }
+          }
+
+          for (index_t i = 0; i < rows; ++i) {
+            const index_t row = ((b * N + i0 + i) * H + h) * dv;
+            for (index_t m = 0; m < Maps; ++m) {
+              const auto mi = static_cast<std::size_t>(m * Bs + i);
+              lse(b, h, m, i0 + i) = running_max[mi] + std::log(running_sum[mi]);
+              scale_in_place(acc.data() + (m * Bs + i) * dv, dv, A(1) / running_sum[mi]);
+            }
+            A* o_first = acc.data() + i * dv;
+            if constexpr (Maps == 2) {
+              const A* o_second = acc.data() + (Bs + i) * dv;
+              from_accum(o_second, dv, o2.data() + row);
+              for (index_t c = 0; c < dv; ++c) o_first[c] -= lam * o_second[c];
+            }
+            from_accum(o_first, dv, o.data() + row);
+          }
+        }
+      }
+    }
+}
+
+// do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,N,G,Maps,d], dv [B,N,G,dv], dlambda [1] (all assigned)
+template <int Maps, class T>
+  requires supported_by<policy::simd, T>
+void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                        cview<accum_t<T>, 1> lambda, bool causal, cview<T, 4> o, cview<T, 4> o2,
+                        cview<accum_t<T>, 4> lse, cview<T, 4> d_o, TensorView<T, 5> dq, TensorView<T, 5> dk,
+                        TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda) {
+  using namespace simd_detail;
+  using A = accum_t<T>;
+  constexpr std::string_view where = "attention_backward";
+  detail::check_attention_backward<Maps>(where, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv, dlambda);
+  detail::require_all_in(where, memory_space::host,
+                         {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {"lambda", lambda.space()},
+                          {"o", o.space()}, {"o2", o2.space()}, {"lse", lse.space()}, {"do", d_o.space()},
+                          {"dq", dq.space()}, {"dk", dk.space()}, {"dv", dv.space()}, {"dlambda", dlambda.space()}});
+  constexpr index_t Bs = attention_block;
+  const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), G = k.extent(2), d = q.extent(4);
+  const index_t r = H / G, dv_size = v.extent(3), n_pad = round_up(N, Bs), blocks = n_pad / Bs;
+  const A scale = A(1) / std::sqrt(static_cast<A>(d));
+  const A lam = Maps == 2 ? lambda(0) : A(0);
+  const A coeff[2] = {A(1), -lam};  // the weight of each map in O
+  const int threads = thread_count(p);
+
+  // D_m = rowsum(dO ⊙ O_m) per row, with O_1 = O + λ O_2; dλ = -Σ D_2.
+  std::vector<A> rowsum_do_o(static_cast<std::size_t>(B * H * Maps * N));
+  A dlambda_total(0);
+#pragma omp parallel num_threads(threads) reduction(+ : dlambda_total)
+  {
+    std::vector<A> scratch_do, scratch_o, scratch_o2;
+#pragma omp for schedule(static)
+    for (index_t row = 0; row < B * N * H; ++row) {
+      const index_t b = row / (N * H), i = row / H % N, h = row % H;
+      const A* g = accum_row(d_o.data() + row * dv_size, dv_size, scratch_do);
+      const A* out = accum_row(o.data() + row * dv_size, dv_size, scratch_o);
+      auto& first = rowsum_do_o[static_cast<std::size_t>(((b * H + h) * Maps) * N + i)];
+      first = dot(g, out, dv_size);
+      if constexpr (Maps == 2) {
+        const A* second = accum_row(o2.data() + row * dv_size, dv_size, scratch_o2);
+        const A d2 = dot(g, second, dv_size);
+        first += lam * d2;
+        rowsum_do_o[static_cast<std::size_t>(((b * H + h) * Maps + 1) * N + i)] = d2;
+        dlambda_total -= d2;
+      }
+    }
+  }
+  if constexpr (Maps == 2) dlambda(0) = dlambda_total;
+
+  packed_keys<A> keys;
+  std::vector<A> q_packed, do_packed;  // [r][Maps][n_pad][d] scaled by 1/sqrt(d); [r][n_pad][dv]
+  std::vector<std::vector<A>> dq_partial(static_cast<std::size_t>(threads));
+  for (index_t b = 0; b < B; ++b)
+    for (index_t j = 0; j < G; ++j) {
+      pack_keys<Maps, T>(p, k, v, b, j, true, keys);
+      q_packed.assign(static_cast<std::size_t>(r * Maps * n_pad * d), A(0));
+      do_packed.assign(static_cast<std::size_t>(r * n_pad * dv_size), A(0));
+      for (auto& partial : dq_partial) partial.clear();  // a thread absent from the next team adds nothing
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (index_t i = 0; i < N; ++i) {
+        std::vector<A> scratch;
+        for (index_t hl = 0; hl < r; ++hl) {
+          const index_t h = j * r + hl;
+          for (index_t m = 0; m < Maps; ++m) {
+            const A* row = accum_row(q.data() + (((b * N + i) * H + h) * Maps + m) * d, d, scratch);
+            A* dst = q_packed.data() + ((hl * Maps + m) * n_pad + i) * d;
+            for (index_t c = 0; c < d; ++c) dst[c] = row[c] * scale;
+          }
+          const A* g = accum_row(d_o.data() + ((b * N + i) * H + h) * dv_size, dv_size, scratch);
+          std::copy(g, g + dv_size, do_packed.begin() + (hl * n_pad + i) * dv_size);
+        }
+      }
+
+#pragma omp parallel num_threads(threads)
+      {
+#if defined(_OPENMP)
+        auto& dq_acc = dq_partial[static_cast<std::size_t>(omp_get_thread_num())];
+#else
+        auto& dq_acc = dq_partial[0];
+#endif
+        dq_acc.assign(static_cast<std::size_t>(r * Maps * n_pad * d), A(0));
+        std::vector<A> probabilities(static_cast<std::size_t>(Maps * Bs * Bs)), weight(static_cast<std::size_t>(Bs * Bs)),
+            dp(static_cast<std::size_t>(Bs * Bs)), ds(static_cast<std::size_t>(Bs * Bs)),
+            dk_tile(static_cast<std::size_t>(Maps * Bs * d)), dv_tile(static_cast<std::size_t>(Bs * dv_size));
+#pragma omp for schedule(dynamic, 1)
+        for (index_t kb = 0; kb < blocks; ++kb) {  // block 0 sees every query: the largest first
+          const index_t t0 = kb * Bs;
+          std::fill(dk_tile.begin(), dk_tile.end(), A(0));
+          std::fill(dv_tile.begin(), dv_tile.end(), A(0));
+          for (index_t hl = 0; hl < r; ++hl) {
+            const index_t h = j * r + hl;
+            for (index_t qb = causal ? kb : 0; qb < blocks; ++qb) {
+              const index_t i0 = qb * Bs;
+              const A* do_tile = do_packed.data() + (hl * n_pad + i0) * dv_size;
+              // P_m = exp(S_m - lse_m), masked; weight = Σ_m c_m P_m
+              for (index_t m = 0; m < Maps; ++m) {
+                A* pm = probabilities.data() + m * Bs * Bs;
+                const A* q_tile = q_packed.data() + ((hl * Maps + m) * n_pad + i0) * d;
+                tile_product<a_layout::rows>(Bs, Bs, d, q_tile, d, keys.kt_tile(kb, m, d), Bs, pm, Bs, false);
+                for (index_t i = 0; i < Bs; ++i) {
+                  const index_t visible = visible_keys(i0 + i, t0, N, causal);
+                  const A row_lse = visible > 0 ? lse(b, h, m, i0 + i) : A(0);
+                  exponentiate(pm + i * Bs, visible, row_lse);
+                }
+              }
+              for (index_t e = 0; e < Bs * Bs; ++e) {
+                A w = probabilities[static_cast<std::size_t>(e)];
+                if constexpr (Maps == 2) w += coeff[1] * probabilities[static_cast<std::size_t>(Bs * Bs + e)];
+                weight[static_cast<std::size_t>(e)] = w;
+              }
+              // dV += weightᵀ dO;  dP = dO Vᵀ
+              tile_product<a_layout::transposed>(Bs, dv_size, Bs, weight.data(), Bs, do_tile, dv_size, dv_tile.data(),
+                                                 dv_size, true);
+              tile_product<a_layout::rows>(Bs, Bs, dv_size, do_tile, dv_size, keys.vt_tile(kb, dv_size), Bs, dp.data(), Bs,
+                                           false);
+              for (index_t m = 0; m < Maps; ++m) {
+                // dS_m = c_m P_m ⊙ (dP - D_m), with respect to the scaled scores
+                const A* pm = probabilities.data() + m * Bs * Bs;
+                for (index_t i = 0; i < Bs; ++i) {
+                  const A rowsum = i0 + i < N ? rowsum_do_o[static_cast<std::size_t>(((b * H + h) * Maps + m) * N + i0 + i)]
+                                              : A(0);
+                  for (index_t t = 0; t < Bs; ++t)
+                    ds[static_cast<std::size_t>(i * Bs + t)] =
+                        coeff[m] * pm[i * Bs + t] * (dp[static_cast<std::size_t>(i * Bs + t)] - rowsum);
+                }
+                // dQ_m += dS_m K_m (scaled by 1/sqrt(d) when stored); dK_m += dS_mᵀ (Q_m / sqrt(d))
+                tile_product<a_layout::rows>(Bs, d, Bs, ds.data(), Bs, keys.k.data() + (m * n_pad + t0) * d, d,
+                                             dq_acc.data() + ((hl * Maps + m) * n_pad + i0) * d, d, true);
+                tile_product<a_layout::transposed>(Bs, d, Bs, ds.data(), Bs,
+                                                   q_packed.data() + ((hl * Maps + m) * n_pad + i0) * d, d,
+                                                   dk_tile.data() + m * Bs * d, d, true);
+              }
+            }
+          }
+          for (index_t t = t0; t < std::min(N, t0 + Bs); ++t) {
+            for (index_t m = 0; m < Maps; ++m)
+              from_accum(dk_tile.data() + (m * Bs + t - t0) * d, d, dk.data() + (((b * N + t) * G + j) * Maps + m) * d);
+            from_accum(dv_tile.data() + (t - t0) * dv_size, dv_size, dv.data() + ((b * N + t) * G + j) * dv_size);
+          }
+        }
+      }
+
+      // dQ = (Σ over threads) / sqrt(d)
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (index_t i = 0; i < N; ++i) {
+        std::vector<A> row(static_cast<std::size_t>(d));
+        for (index_t hl = 0; hl < r; ++hl)
+          for (index_t m = 0; m < Maps; ++m) {
+            const auto offset = static_cast<std::size_t>(((hl * Maps + m) * n_pad + i) * d);
+            std::fill(row.begin(), row.end(), A(0));
+            for (const auto& partial : dq_partial)
+              if (!partial.empty())
+                for (index_t c = 0; c < d; ++c) row[static_cast<std::size_t>(c)] += partial[offset + static_cast<std::size_t>(c)];
+            for (auto& x : row) x *= scale;
+            from_accum(row.data(), d, dq.data() + (((b * N + i) * H + j * r + hl) * Maps + m) * d);
+          }
+      }
+    }
+}
+
+}  // namespace difftx

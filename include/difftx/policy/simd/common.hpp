@@ -1,0 +1,90 @@
+// What the simd kernels share: the vector type of an accumulation type,
+// conversions between storage and accumulation types, and the thread count.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+#include <xsimd/xsimd.hpp>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "difftx/core/scalar_traits.hpp"
+#include "difftx/core/tensor.hpp"
+#include "difftx/policy/simd/tag.hpp"
+
+namespace difftx::simd_detail {
+
+template <class A>
+using vec = xsimd::batch<A>;
+
+inline int thread_count(const policy::simd& p) noexcept {
+#if defined(_OPENMP)
+  return p.threads > 0 ? p.threads : omp_get_max_threads();
+#else
+  (void)p;
+  return 1;
+#endif
+}
+
+// n elements of T as the accumulation type, into out (Eigen vectorises the
+// half/bfloat16 conversions with F16C / AVX-512 where the target has them).
+template <class T>
+void to_accum(const T* in, index_t n, accum_t<T>* out) {
+  using A = accum_t<T>;
+  if constexpr (std::is_same_v<T, A>)
+    std::copy_n(in, n, out);
+  else
+    Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>>(out, n) =
+        Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(in, n).template cast<A>();
+}
+template <class T>
+void from_accum(const accum_t<T>* in, index_t n, T* out) {
+  using A = accum_t<T>;
+  if constexpr (std::is_same_v<T, A>)
+    std::copy_n(in, n, out);
+  else
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out, n) =
+        Eigen::Map<const Eigen::Array<A, Eigen::Dynamic, 1>>(in, n).template cast<T>();
+}
+
+// A row of T seen as the accumulation type: the row itself when T is its own
+// accumulation type, else a converted copy in scratch.
+template <class T>
+const accum_t<T>* accum_row(const T* row, index_t n, std::vector<accum_t<T>>& scratch) {
+  if constexpr (std::is_same_v<T, accum_t<T>>) {
+    return row;
+  } else {
+    scratch.resize(static_cast<std::size_t>(n));
+    to_accum(row, n, scratch.data());
+    return scratch.data();
+  }
+}
+
+// Sum and maximum of n values, vectorised.
+template <class A>
+A sum(const A* x, index_t n) {
+  constexpr index_t W = vec<A>::size;
+  vec<A> acc(A(0));
+  index_t i = 0;
+  for (; i + W <= n; i += W) acc += vec<A>::load_unaligned(x + i);
+  A s = xsimd::hadd(acc);
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+template <class A>
+A dot(const A* x, const A* y, index_t n) {
+  constexpr index_t W = vec<A>::size;
+  vec<A> acc(A(0));
+  index_t i = 0;
+  for (; i + W <= n; i += W) acc = xsimd::fma(vec<A>::load_unaligned(x + i), vec<A>::load_unaligned(y + i), acc);
+  A s = xsimd::hadd(acc);
+  for (; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+
+}  // namespace difftx::simd_detail

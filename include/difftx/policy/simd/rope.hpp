@@ -1,0 +1,99 @@
+// simd rotary position embedding (formulas in difftx/ops/rope.hpp). For each
+// position the cosines and signed sines are tabulated once (in double, then
+// rounded, as the reference does; xsimd's vector sincos keeps the table from
+// costing more than the rotations), duplicated per pair, so a rotation is
+//   out = x ⊙ [c0, c0, c1, c1, ...] + swap_pairs(x) ⊙ [-s0, s0, -s1, s1, ...].
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "difftx/ops/rope.hpp"
+#include "difftx/policy/simd/common.hpp"
+
+namespace difftx {
+
+namespace simd_detail {
+
+struct swap_pairs_mask {
+  static constexpr unsigned get(unsigned i, unsigned) { return i ^ 1u; }
+};
+
+template <class T>
+void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, double theta, double sign) {
+  using A = accum_t<T>;
+  using V = vec<A>;
+  using index_batch = xsimd::batch<xsimd::as_unsigned_integer_t<A>>;
+  constexpr index_t W = V::size, WD = vec<double>::size;
+  const index_t B = x.extent(0), N = x.extent(1), H = x.extent(2), d = x.extent(3);
+  std::vector<double> inverse_frequency(static_cast<std::size_t>(d / 2));
+  for (index_t i = 0; i < d / 2; ++i)
+    inverse_frequency[static_cast<std::size_t>(i)] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+#pragma omp parallel num_threads(thread_count(p))
+  {
+    std::vector<A> cosines(static_cast<std::size_t>(d)), sines(static_cast<std::size_t>(d)), scratch(static_cast<std::size_t>(d));
+    auto set_pair = [&](index_t i, double c, double s) {
+      const auto e = static_cast<std::size_t>(2 * i);
+      cosines[e] = cosines[e + 1] = static_cast<A>(c);
+      sines[e] = static_cast<A>(-sign * s);
+      sines[e + 1] = static_cast<A>(sign * s);
+    };
+#pragma omp for schedule(static)
+    for (index_t n = 0; n < N; ++n) {
+      const double position = static_cast<double>(offset + n);
+      index_t i = 0;
+      for (; i + WD <= d / 2; i += WD) {  // sin and cos in double, WD angles at a time
+        const auto [sin, cos] = xsimd::sincos(vec<double>(position) * vec<double>::load_unaligned(inverse_frequency.data() + i));
+        alignas(64) double sin_lanes[WD], cos_lanes[WD];
+        sin.store_aligned(sin_lanes);
+        cos.store_aligned(cos_lanes);
+        for (index_t l = 0; l < WD; ++l) set_pair(i + l, cos_lanes[l], sin_lanes[l]);
+      }
+      for (; i < d / 2; ++i) {
+        const double angle = position * inverse_frequency[static_cast<std::size_t>(i)];
+        set_pair(i, std::cos(angle), std::sin(angle));
+      }
+      for (index_t b = 0; b < B; ++b)
+        for (index_t h = 0; h < H; ++h) {
+          T* vector = x.data() + ((b * N + n) * H + h) * d;
+          A* v = scratch.data();
+          to_accum(vector, d, v);
+          index_t c = 0;
+          for (; c + W <= d; c += W) {
+            const V xv = V::load_unaligned(v + c);
+            const V swapped = xsimd::swizzle(xv, xsimd::make_batch_constant<index_batch, swap_pairs_mask>());
+            xsimd::fma(xv, V::load_unaligned(cosines.data() + c), swapped * V::load_unaligned(sines.data() + c))
+                .store_unaligned(v + c);
+          }
+          for (; c < d; c += 2) {
+            const A x0 = v[c], x1 = v[c + 1];
+            v[c] = x0 * cosines[static_cast<std::size_t>(c)] + x1 * sines[static_cast<std::size_t>(c)];
+            v[c + 1] = x1 * cosines[static_cast<std::size_t>(c + 1)] + x0 * sines[static_cast<std::size_t>(c + 1)];
+          }
+          from_accum(v, d, vector);
+        }
+    }
+  }
+}
+
+}  // namespace simd_detail
+
+// x[B, N, V, d] rotated in place by the angle of each position.
+template <class T>
+  requires supported_by<policy::simd, T>
+void rope_forward(const policy::simd& p, TensorView<T, 4> x, index_t offset, double theta) {
+  detail::check_rope("rope_forward", x, offset, theta);
+  detail::require_all_in("rope_forward", memory_space::host, {{"x", x.space()}});
+  simd_detail::rope_rotate(p, x, offset, theta, +1.0);
+}
+
+// dx[B, N, V, d] (given as dy, in place) = rotation by the negated angle.
+template <class T>
+  requires supported_by<policy::simd, T>
+void rope_backward(const policy::simd& p, TensorView<T, 4> dx, index_t offset, double theta) {
+  detail::check_rope("rope_backward", dx, offset, theta);
+  detail::require_all_in("rope_backward", memory_space::host, {{"dx", dx.space()}});
+  simd_detail::rope_rotate(p, dx, offset, theta, -1.0);
+}
+
+}  // namespace difftx

@@ -1,0 +1,114 @@
+// simd SwiGLU gate (formulas in difftx/ops/swiglu.hpp), elementwise over all
+// M·F entries in chunks per thread.
+#pragma once
+
+#include <vector>
+
+#include "difftx/ops/swiglu.hpp"
+#include "difftx/policy/simd/common.hpp"
+
+namespace difftx {
+
+namespace simd_detail {
+// Runs f(begin, end, scratch...) over [0, n) in chunks of `chunk` on the policy's threads.
+template <class F>
+void parallel_chunks(const policy::simd& p, index_t n, index_t chunk, F&& f) {
+  const index_t chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(thread_count(p)) schedule(static)
+  for (index_t c = 0; c < chunks; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
+}
+
+// A chunk of T as the accumulation type: in place when T is its own
+// accumulation type, else converted into the scratch buffer.
+template <class T>
+const accum_t<T>* chunk_as_accum(const T* in, index_t n, accum_t<T>* scratch) {
+  if constexpr (std::is_same_v<T, accum_t<T>>) {
+    return in;
+  } else {
+    to_accum(in, n, scratch);
+    return scratch;
+  }
+}
+// Where a kernel writes a chunk of output: straight into T's memory when T is
+// its own accumulation type, else into scratch (then converted by the caller).
+template <class T>
+accum_t<T>* output_chunk(T* out, accum_t<T>* scratch) {
+  if constexpr (std::is_same_v<T, accum_t<T>>)
+    return out;
+  else
+    return scratch;
+}
+
+template <class A>
+vec<A> sigmoid(const vec<A>& z) {
+  return vec<A>(A(1)) / (vec<A>(A(1)) + xsimd::exp(-z));
+}
+}  // namespace simd_detail
+
+// h[M, F] = swish(g) ⊙ u
+template <class T>
+  requires supported_by<policy::simd, T>
+void swiglu_gate_forward(const policy::simd& p, cview<T, 2> g, cview<T, 2> u, TensorView<T, 2> h) {
+  using namespace simd_detail;
+  using A = accum_t<T>;
+  constexpr std::string_view where = "swiglu_gate_forward";
+  detail::check_swiglu_gate(where, g, u, h, "h");
+  detail::require_all_in(where, memory_space::host, {{"g", g.space()}, {"u", u.space()}, {"h", h.space()}});
+  constexpr index_t W = vec<A>::size, chunk = 1024;
+  parallel_chunks(p, g.size(), chunk, [&](index_t begin, index_t end) {
+    A g_chunk[chunk], u_chunk[chunk], h_chunk[chunk];
+    const index_t n = end - begin;
+    const A* gs = chunk_as_accum(g.data() + begin, n, g_chunk);
+    const A* us = chunk_as_accum(u.data() + begin, n, u_chunk);
+    A* hs = output_chunk(h.data() + begin, h_chunk);
+    index_t i = 0;
+    for (; i + W <= n; i += W) {
+      const auto z = vec<A>::load_unaligned(gs + i);
+      (z * sigmoid(z) * vec<A>::load_unaligned(us + i)).store_unaligned(hs + i);
+    }
+    for (; i < n; ++i) hs[i] = gs[i] / (A(1) + std::exp(-gs[i])) * us[i];
+    if (hs == h_chunk) from_accum(hs, n, h.data() + begin);
+  });
+}
+
+// dh[M, F] -> dg, du (assign)
+template <class T>
+  requires supported_by<policy::simd, T>
+void swiglu_gate_backward(const policy::simd& p, cview<T, 2> g, cview<T, 2> u, cview<T, 2> dh, TensorView<T, 2> dg,
+                          TensorView<T, 2> du) {
+  using namespace simd_detail;
+  using A = accum_t<T>;
+  constexpr std::string_view where = "swiglu_gate_backward";
+  detail::check_swiglu_gate(where, g, u, dh, "dh");
+  require_shape(where, "dg", dg, g.shape());
+  require_shape(where, "du", du, g.shape());
+  detail::require_all_in(where, memory_space::host,
+                         {{"g", g.space()}, {"u", u.space()}, {"dh", dh.space()}, {"dg", dg.space()}, {"du", du.space()}});
+  constexpr index_t W = vec<A>::size, chunk = 1024;
+  parallel_chunks(p, g.size(), chunk, [&](index_t begin, index_t end) {
+    A g_chunk[chunk], u_chunk[chunk], dh_chunk[chunk], dg_chunk[chunk], du_chunk[chunk];
+    const index_t n = end - begin;
+    const A* gs = chunk_as_accum(g.data() + begin, n, g_chunk);
+    const A* us = chunk_as_accum(u.data() + begin, n, u_chunk);
+    const A* dhs = chunk_as_accum(dh.data() + begin, n, dh_chunk);
+    A* dgs = output_chunk(dg.data() + begin, dg_chunk);
+    A* dus = output_chunk(du.data() + begin, du_chunk);
+    const vec<A> one(A(1));
+    index_t i = 0;
+    for (; i + W <= n; i += W) {
+      const auto z = vec<A>::load_unaligned(gs + i), grad = vec<A>::load_unaligned(dhs + i);
+      const auto sig = sigmoid(z);
+      (grad * vec<A>::load_unaligned(us + i) * sig * (one + z * (one - sig))).store_unaligned(dgs + i);
+      (grad * z * sig).store_unaligned(dus + i);
+    }
+    for (; i < n; ++i) {
+      const A sig = A(1) / (A(1) + std::exp(-gs[i]));
+      dgs[i] = dhs[i] * us[i] * sig * (A(1) + gs[i] * (A(1) - sig));
+      dus[i] = dhs[i] * gs[i] * sig;
+    }
+    if (dgs == dg_chunk) from_accum(dgs, n, dg.data() + begin);
+    if (dus == du_chunk) from_accum(dus, n, du.data() + begin);
+  });
+}
+
+}  // namespace difftx

@@ -1,0 +1,156 @@
+// policy::simd against the reference policy (in long double) over a sweep of
+// shapes: N = 1 and N not a multiple of the 64-wide tiles, grouped heads,
+// non-causal, B > 1, attention logits up to ±1e4; forward and every gradient,
+// in float, double, float16 and bfloat16, within difftx::testing::tolerance.
+// Results must not depend on the thread count beyond that tolerance.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include <difftx/difftx.hpp>
+#include <difftx/policy/simd.hpp>
+#include <difftx/testing/tolerance.hpp>
+
+#include "support/compare_modules.hpp"
+
+using namespace difftx;
+
+namespace {
+
+struct shape_case {
+  index_t batch, seq, heads, kv_heads;
+  bool causal;
+};
+// N = 1, N = 64 ± 1, N spanning three tiles with a ragged end, grouped and not.
+const shape_case cases[] = {
+    {1, 1, 2, 2, true}, {2, 63, 4, 2, true}, {1, 65, 2, 1, false}, {2, 37, 4, 4, false}, {1, 150, 4, 2, true},
+};
+
+std::string describe(const shape_case& c) {
+  return "B=" + std::to_string(c.batch) + " N=" + std::to_string(c.seq) + " h=" + std::to_string(c.heads) +
+         " g=" + std::to_string(c.kv_heads) + (c.causal ? " causal" : " non-causal");
+}
+
+// logit_scale: the largest |attention logit| L when it is far from O(1). A
+// logit carries an absolute rounding error ~L·u, which exp turns into a
+// relative error L·u of its probability, in any implementation: the bars grow
+// by L·u (the softmax's own condition number), not by a fudge factor.
+template <class T, class Make>
+void check_against_reference(const std::string& label, Make make, const shape_t<3>& shape, double input_scale = 1.0,
+                             double logit_scale = 0.0) {
+  auto oracle = make.template operator()<long double, policy::reference>();
+  auto candidate = make.template operator()<T, policy::simd>();
+  const auto e = test_support::compare_modules(candidate, oracle, shape, 7, input_scale);
+  constexpr double u = scalar_traits<T>::epsilon;
+  INFO(label << " " << scalar_traits<T>::name << ": forward " << e.forward / u << " u, backward " << e.backward / u
+             << " u (worst " << e.worst_backward << ")");
+  CHECK(e.forward <= testing::tolerance<T>::forward + logit_scale * u);
+  CHECK(e.backward <= testing::tolerance<T>::backward + logit_scale * u);
+}
+
+template <class Make>
+void check_all_types(const std::string& label, Make make, const shape_t<3>& shape, double input_scale = 1.0) {
+  check_against_reference<float>(label, make, shape, input_scale);
+  check_against_reference<double>(label, make, shape, input_scale);
+  check_against_reference<Eigen::half>(label, make, shape, input_scale);
+  check_against_reference<Eigen::bfloat16>(label, make, shape, input_scale);
+}
+
+}  // namespace
+
+TEST_CASE("simd: RMSNorm and SwiGLU") {
+  for (index_t C : {5, 16, 67}) {
+    check_all_types("RMSNorm C=" + std::to_string(C), [C]<class U, class P>() { return RMSNorm<U, P>(C, 1e-5, 1.0, P{}); },
+                    {2, 9, C});
+    check_all_types("SwiGLU C=" + std::to_string(C), [C]<class U, class P>() { return SwiGLU<U, P>(C, 2 * C + 3, P{}); },
+                    {2, 9, C});
+  }
+}
+
+TEST_CASE("simd: MultiHead over the shape sweep") {
+  for (const auto& c : cases) {
+    auto make = [c]<class U, class P>() {
+      return MultiHead<U, 8, P>({.d_model = 24, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = 3,
+                                 .rope_theta = 10000.0, .causal = c.causal},
+                                P{});
+    };
+    check_all_types("MultiHead D=8 " + describe(c), make, {c.batch, c.seq, 24});
+  }
+}
+
+TEST_CASE("simd: head sizes that fill vectors (D = 32) and the baseline Attention") {
+  for (const auto& c : {cases[1], cases[4]}) {
+    check_all_types(
+        "MultiHead D=32 " + describe(c),
+        [c]<class U, class P>() {
+          return MultiHead<U, 32, P>({.d_model = 48, .heads = c.heads, .kv_heads = c.kv_heads, .causal = c.causal}, P{});
+        },
+        {c.batch, c.seq, 48});
+    check_all_types(
+        "Attention D=16 " + describe(c),
+        [c]<class U, class P>() {
+          return Attention<U, 16, P>({.d_model = 48, .heads = c.heads, .kv_heads = c.kv_heads, .causal = c.causal}, P{});
+        },
+        {c.batch, c.seq, 48});
+  }
+}
+
+TEST_CASE("simd: DecoderLayer") {
+  check_all_types(
+      "DecoderLayer D=8",
+      []<class U, class P>() {
+        return DecoderLayer<U, 8, P>({{.d_model = 32, .heads = 2, .kv_heads = 1, .layer_index = 4}, 72}, P{});
+      },
+      {2, 70, 32});
+}
+
+TEST_CASE("simd: attention logits up to ±1e4 stay finite and match") {
+  // Inputs scaled by 40 make the projected scores reach ~1e4 (printed below).
+  auto make = []<class U, class P>() {
+    return MultiHead<U, 8, P>({.d_model = 24, .heads = 2, .kv_heads = 1, .causal = true}, P{});
+  };
+  double logits = 0;
+  {
+    MultiHead<double, 8> probe({.d_model = 24, .heads = 2, .kv_heads = 1});
+    test_support::randomise_parameters(probe, 7);
+    auto x = test_support::random_tensor<double, 3>({1, 70, 24}, 8, 40.0);
+    Tensor<double, 3> y(x.shape());
+    MultiHead<double, 8>::saved_type saved;
+    probe.forward(x, y, saved);
+    double largest = 0;  // |score| = |q·k| / sqrt(D) over all pairs of the first head
+    for (index_t i = 0; i < 70; ++i)
+      for (index_t t = 0; t <= i; ++t) {
+        double s = 0;
+        for (index_t c = 0; c < 8; ++c) s += saved.q(0, i, 0, 0, c) * saved.k(0, t, 0, 0, c);
+        largest = std::max(largest, std::abs(s) / std::sqrt(8.0));
+      }
+    MESSAGE("largest |attention logit|: " << largest);
+    CHECK(largest > 1e4);
+    logits = largest;
+  }
+  check_against_reference<float>("MultiHead, logits ~1e4", make, {1, 70, 24}, 40.0, logits);
+  check_against_reference<double>("MultiHead, logits ~1e4", make, {1, 70, 24}, 40.0, logits);
+}
+
+TEST_CASE("simd: results do not depend on the thread count") {
+  auto run = [](int threads) {
+    DecoderLayer<float, 16, policy::simd> layer({{.d_model = 64, .heads = 2, .kv_heads = 1}, 96}, policy::simd{threads});
+    test_support::randomise_parameters(layer, 3);
+    auto x = test_support::random_tensor<float, 3>({2, 131, 64}, 4);
+    auto dy = test_support::random_tensor<float, 3>({2, 131, 64}, 5);
+    auto [y, dx] = test_support::run_forward_backward(layer, x, dy);
+    std::vector<std::vector<float>> grads{std::vector<float>(y.data(), y.data() + y.size()),
+                                          std::vector<float>(dx.data(), dx.data() + dx.size())};
+    for (const auto& p : layer.parameters()) grads.emplace_back(p.grad, p.grad + p.size());
+    return grads;
+  };
+  const auto one = run(1);
+  for (int threads : {2, 3}) {
+    const auto many = run(threads);
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      INFO("threads " << threads << ", tensor " << i);
+      CHECK(testing::normwise_difference(many[i].data(), one[i].data(), static_cast<index_t>(one[i].size())) <=
+            testing::tolerance<float>::backward);
+    }
+  }
+}
