@@ -28,13 +28,13 @@ auto round_through(From v) {
 }
 
 template <class Module, class T = typename Module::value_type>
-std::pair<difftx::Tensor<T, 3>, difftx::Tensor<T, 3>> run_forward_backward(Module& module, const difftx::Tensor<T, 3>& x,
+std::pair<difftx::Tensor<T, 3>, difftx::Tensor<T, 3>> run_forward_backward(Module& model, const difftx::Tensor<T, 3>& x,
                                                                             const difftx::Tensor<T, 3>& dy) {
   difftx::Tensor<T, 3> y(dy.shape()), dx(x.shape());
   typename Module::saved_type saved;
-  difftx::zero_grad(module);
-  module.forward(x, y, saved);
-  module.backward(x, dy, saved, dx);
+  difftx::zero_grad(model);
+  model.forward(x, y, saved);
+  model.backward(x, dy, saved, dx);
   return {std::move(y), std::move(dx)};
 }
 

@@ -54,12 +54,10 @@ class TensorView {
   TensorView(T* data, const shape_t<Rank>& shape, memory_space space = memory_space::host) noexcept
       : data_(data), shape_(shape), space_(space) {}
 
-  // A view of T converts to a view of const T.
-  operator TensorView<const T, Rank>() const noexcept
-    requires(!std::is_const_v<T>)
-  {
-    return {data_, shape_, space_};
-  }
+  // A view of U converts to a view of const U.
+  template <class U>
+    requires std::is_same_v<T, const U>
+  TensorView(const TensorView<U, Rank>& other) noexcept : data_(other.data()), shape_(other.shape()), space_(other.space()) {}
 
   T* data() const noexcept { return data_; }
   const shape_t<Rank>& shape() const noexcept { return shape_; }

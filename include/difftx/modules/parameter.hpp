@@ -77,8 +77,8 @@ void append_parameters(std::vector<parameter_ref<T>>& all, std::vector<parameter
 
 // Sets every parameter gradient of a module to zero.
 template <class Module>
-void zero_grad(Module& module) {
-  for (const auto& p : module.parameters()) p.zero_grad();
+void zero_grad(Module& model) {
+  for (const auto& p : model.parameters()) p.zero_grad();
 }
 
 }  // namespace difftx

@@ -187,31 +187,31 @@ gradcheck_result gradcheck(const std::vector<gradcheck_variable<T>>& variables, 
 // restored, and its gradients are left holding the analytic dL/dθ.
 template <class Module>
   requires std::floating_point<typename Module::value_type>
-gradcheck_result gradcheck(Module& module, cview<typename Module::value_type, 3> x,
+gradcheck_result gradcheck(Module& model, cview<typename Module::value_type, 3> x,
                            const gradcheck_options& options = {}) {
   using T = typename Module::value_type;
   require_space("gradcheck", "x", x, memory_space::host);
   Tensor<T, 3> input(x.shape());
   std::copy_n(x.data(), x.size(), input.data());
-  Tensor<T, 3> y(module.output_shape(x.shape())), dy(y.shape()), dx(x.shape());
+  Tensor<T, 3> y(model.output_shape(x.shape())), dy(y.shape()), dx(x.shape());
   random_stream rng(options.seed);
   fill_normal(dy.view(), rng);
   typename Module::saved_type saved;
 
   auto loss = [&]() -> long double {
-    module.forward(input.view(), y.view(), saved);
+    model.forward(input.view(), y.view(), saved);
     long double l = 0;
     for (index_t i = 0; i < y.size(); ++i) l += static_cast<long double>(dy.data()[i]) * y.data()[i];
     return l;
   };
   auto gradients = [&]() {
-    zero_grad(module);
-    module.forward(input.view(), y.view(), saved);
-    module.backward(input.view(), dy.view(), saved, dx.view());
+    zero_grad(model);
+    model.forward(input.view(), y.view(), saved);
+    model.backward(input.view(), dy.view(), saved, dx.view());
   };
   std::vector<gradcheck_variable<T>> variables{
       {"input", std::vector<index_t>(x.shape().begin(), x.shape().end()), input.data(), dx.data()}};
-  for (auto& p : module.parameters()) variables.push_back({p.name, p.shape, p.value, p.grad});
+  for (auto& p : model.parameters()) variables.push_back({p.name, p.shape, p.value, p.grad});
   return gradcheck<T>(variables, loss, gradients, options);
 }
 

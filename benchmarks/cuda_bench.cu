@@ -1,0 +1,158 @@
+// Google Benchmark suite for policy::cuda at the paper's shapes (C = 3072,
+// h = 12, D = 128 at N = 2048 and 4096; C = 5120, h = 20, D = 128 at N = 2048),
+// bfloat16: the fused attention op, MultiHead, the matched baseline Attention
+// (2h heads of D) and DecoderLayer, forward and forward + backward. Each
+// iteration is timed with CUDA events on the policy's stream (manual time);
+// counters give TFLOP/s (counts in flops.hpp) and tokens/s.
+// benchmarks/peer_pytorch_gpu.py runs this binary and PyTorch side by side.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <string>
+
+#include <difftx/difftx.hpp>
+#include <difftx/policy/cuda.hpp>
+
+#include "flops.hpp"
+
+using namespace difftx;
+namespace fl = difftx_bench;
+using T = Eigen::bfloat16;
+
+namespace {
+
+struct paper_shape {
+  index_t C, h, N, F;
+};
+const paper_shape shapes[] = {{3072, 12, 2048, 8192}, {3072, 12, 4096, 8192}, {5120, 20, 2048, 13824}};
+constexpr index_t D = 128;
+
+// Times `step` with events on the policy's stream.
+template <class Step>
+void time_on_stream(benchmark::State& state, const policy::cuda& p, Step step) {
+  cudaEvent_t start, stop;
+  DIFFTX_CUDA_CHECK(cudaEventCreate(&start));
+  DIFFTX_CUDA_CHECK(cudaEventCreate(&stop));
+  step();  // warm-up: allocations, cuBLASLt heuristics
+  p.context->synchronize();
+  for (auto _ : state) {
+    DIFFTX_CUDA_CHECK(cudaEventRecord(start, p.stream()));
+    step();
+    DIFFTX_CUDA_CHECK(cudaEventRecord(stop, p.stream()));
+    DIFFTX_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    DIFFTX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms * 1e-3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+void set_counters(benchmark::State& state, double flops, double tokens) {
+  state.counters["TFLOP/s"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <std::size_t R>
+Tensor<T, R> random_device(const shape_t<R>& shape, const policy::cuda& p, std::uint64_t seed) {
+  Tensor<T, R> host(shape);
+  random_stream rng(seed);
+  fill_normal(host.view(), rng);
+  Tensor<T, R> device(shape, p.memory());
+  p.memory().upload(device.data(), host.data(), static_cast<std::size_t>(host.size()) * sizeof(T));
+  return device;
+}
+
+template <class Module>
+void run_module(benchmark::State& state, Module& layer, const policy::cuda& p, index_t n, index_t c, bool backward,
+                double flops) {
+  const auto x = random_device<3>({1, n, c}, p, 1), dy = random_device<3>({1, n, c}, p, 2);
+  Tensor<T, 3> y(x.shape(), p.memory()), dx(x.shape(), p.memory());
+  typename Module::saved_type saved;
+  time_on_stream(state, p, [&] {
+    layer.forward(x, y, saved);
+    if (backward) layer.backward(x, dy, saved, dx);
+  });
+  set_counters(state, flops, static_cast<double>(n));
+}
+
+template <int Maps>
+void run_attention_op(benchmark::State& state, const policy::cuda& p, index_t heads, index_t n, bool backward) {
+  const index_t dv = Maps * D;
+  const auto q = random_device<5>({1, n, heads, Maps, D}, p, 3), k = random_device<5>({1, n, heads, Maps, D}, p, 4);
+  const auto v = random_device<4>({1, n, heads, dv}, p, 5), d_o = random_device<4>({1, n, heads, dv}, p, 6);
+  Tensor<T, 4> o(v.shape(), p.memory()), o2(Maps == 2 ? v.shape() : shape_t<4>{}, p.memory()), dv_out(v.shape(), p.memory());
+  Tensor<T, 5> dq(q.shape(), p.memory()), dk(k.shape(), p.memory());
+  Tensor<float, 4> lse({1, heads, Maps, n}, p.memory());
+  Tensor<float, 1> lambda(Maps == 2 ? shape_t<1>{1} : shape_t<1>{}, p.memory()), dlambda(lambda.shape(), p.memory());
+  attention_forward<Maps>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), true, o.view(), o2.view(),
+                          lse.view());
+  time_on_stream(state, p, [&] {
+    if (backward)
+      attention_backward<Maps>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), true,
+                               o.const_view(), o2.const_view(), lse.const_view(), d_o.const_view(), dq.view(), dk.view(),
+                               dv_out.view(), dlambda.view());
+    else
+      attention_forward<Maps>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), true, o.view(),
+                              o2.view(), lse.view());
+  });
+  const double N = static_cast<double>(n);
+  set_counters(state,
+               backward ? fl::attention_backward(1, heads, N, Maps, D, dv, true)
+                        : fl::attention_forward(1, heads, N, Maps, D, dv, true),
+               N);
+}
+
+void register_all() {
+  for (const auto& s : shapes)
+    for (bool backward : {false, true}) {
+      const std::string suffix = "/cuda/bfloat16/" + std::string(backward ? "forward_backward" : "forward") +
+                                 "/C:" + std::to_string(s.C) + "/N:" + std::to_string(s.N);
+      const double N = static_cast<double>(s.N), C = static_cast<double>(s.C), h = static_cast<double>(s.h);
+      auto add = [&](const std::string& name, auto body) {
+        benchmark::RegisterBenchmark((name + suffix).c_str(), body)->UseManualTime()->Unit(benchmark::kMillisecond);
+      };
+      add("op:diff_attention", [=](benchmark::State& state) {
+        run_attention_op<2>(state, policy::cuda{}, s.h, s.N, backward);
+      });
+      add("op:attention", [=](benchmark::State& state) {
+        run_attention_op<1>(state, policy::cuda{}, 2 * s.h, s.N, backward);
+      });
+      add("MultiHead", [=](benchmark::State& state) {
+        policy::cuda p;
+        MultiHead<T, D, policy::cuda> layer({.d_model = s.C, .heads = s.h, .kv_heads = s.h}, p);
+        run_module(state, layer, p, s.N, s.C, backward,
+                   fl::multihead_forward(1, N, C, h, h, D, true) + (backward ? fl::multihead_backward(1, N, C, h, h, D, true) : 0));
+      });
+      add("Attention", [=](benchmark::State& state) {
+        policy::cuda p;
+        Attention<T, D, policy::cuda> layer({.d_model = s.C, .heads = 2 * s.h, .kv_heads = 2 * s.h}, p);
+        run_module(state, layer, p, s.N, s.C, backward,
+                   fl::baseline_forward(1, N, C, 2 * h, 2 * h, D, true) +
+                       (backward ? fl::baseline_backward(1, N, C, 2 * h, 2 * h, D, true) : 0));
+      });
+      add("DecoderLayer", [=](benchmark::State& state) {
+        policy::cuda p;
+        DecoderLayer<T, D, policy::cuda> layer({{.d_model = s.C, .heads = s.h, .kv_heads = s.h}, s.F}, p);
+        const double F = static_cast<double>(s.F);
+        run_module(state, layer, p, s.N, s.C, backward,
+                   fl::decoder_forward(1, N, C, h, h, D, F, true) +
+                       (backward ? fl::decoder_backward(1, N, C, h, h, D, F, true) : 0));
+      });
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!cuda_device_available()) {
+    std::printf("difftx_cuda_bench: no CUDA device on this machine\n");
+    return 0;
+  }
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

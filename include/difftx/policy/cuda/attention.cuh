@@ -1,0 +1,165 @@
+// CUDA attention forward/backward (formulas and shapes in
+// difftx/ops/attention.hpp): the tensor-core kernels (attention_mma.cuh) for
+// float16 and bfloat16 with d = 64 or 128, the CUDA-core kernels
+// (attention_simt.cuh) for float32 and the other head sizes up to 128.
+#pragma once
+
+#include <cmath>
+
+#include "difftx/core/tensor.hpp"
+#include "difftx/ops/attention.hpp"
+#include "difftx/policy/cuda/attention_mma.cuh"
+#include "difftx/policy/cuda/attention_simt.cuh"
+#include "difftx/policy/cuda/tag.cuh"
+
+namespace difftx {
+
+namespace cuda_detail {
+
+template <class T, class Q, class K, class V>
+attention_shape shape_of(const Q& q, const K& k, const V& v, bool causal) {
+  const int d = static_cast<int>(q.extent(4));
+  return {static_cast<int>(q.extent(0)), static_cast<int>(q.extent(1)), static_cast<int>(q.extent(2)),
+          static_cast<int>(k.extent(2)), d, static_cast<int>(v.extent(3)), causal, 1.0f / std::sqrt(static_cast<float>(d))};
+}
+
+template <class T>
+constexpr bool has_tensor_cores = !std::is_same_v<T, float>;
+
+inline bool use_tensor_cores(int d) { return d == 64 || d == 128; }
+
+// Raises a kernel's dynamic shared-memory limit (once per kernel) and checks the launch.
+template <class Kernel>
+void allow_shared_memory(Kernel kernel, std::size_t bytes) {
+  DIFFTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <class DT>
+__global__ void store_as(const float* in, long long n, DT* out) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    out[i] = from_float<DT>(in[i]);
+}
+
+}  // namespace cuda_detail
+
+// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
+//   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
+template <int Maps, class T>
+  requires supported_by<policy::cuda, T>
+void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                       cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
+                       TensorView<accum_t<T>, 4> lse) {
+  using namespace cuda_detail;
+  using DT = device_t<T>;
+  constexpr std::string_view where = "attention_forward";
+  detail::check_attention<Maps>(where, q, k, v, lambda, o, o2, lse, "o");
+  detail::require_all_in(where, memory_space::device,
+                         {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {"o", o.space()}, {"lse", lse.space()}});
+  require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
+  const auto s = shape_of<T>(q, k, v, causal);
+  const auto* qp = device_pointer(q.data());
+  const auto* kp = device_pointer(k.data());
+  const auto* vp = device_pointer(v.data());
+  auto* op = device_pointer(o.data());
+  auto* o2p = Maps == 2 ? device_pointer(o2.data()) : nullptr;
+  const float* lam = Maps == 2 ? lambda.data() : nullptr;
+  if constexpr (has_tensor_cores<T>) {
+    if (use_tensor_cores(s.d)) {
+      auto launch = [&](auto head) {
+        constexpr int D = decltype(head)::value;
+        auto kernel = attention_forward_mma<Maps, D, DT>;
+        constexpr std::size_t bytes = forward_mma_shared_bytes<Maps, D>();
+        allow_shared_memory(kernel, bytes);
+        kernel<<<dim3((s.N + mma_block - 1) / mma_block, s.H, s.B), mma_config<Maps, D>::threads, bytes, p.stream()>>>(
+            qp, kp, vp, lam, s, op, o2p, lse.data());
+      };
+      if (s.d == 64)
+        launch(std::integral_constant<int, 64>{});
+      else
+        launch(std::integral_constant<int, 128>{});
+      DIFFTX_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
+  const dim3 grid((s.N + simt_rows - 1) / simt_rows, s.H, s.B);
+  if (s.d <= 32)
+    attention_forward_simt<Maps, 32, DT><<<grid, 128, 0, p.stream()>>>(qp, kp, vp, lam, s, op, o2p, lse.data());
+  else
+    attention_forward_simt<Maps, 128, DT><<<grid, 128, 0, p.stream()>>>(qp, kp, vp, lam, s, op, o2p, lse.data());
+  DIFFTX_CUDA_CHECK(cudaGetLastError());
+}
+
+// do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,N,G,Maps,d], dv [B,N,G,dv], dlambda [1] (all assigned)
+template <int Maps, class T>
+  requires supported_by<policy::cuda, T>
+void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                        cview<accum_t<T>, 1> lambda, bool causal, cview<T, 4> o, cview<T, 4> o2,
+                        cview<accum_t<T>, 4> lse, cview<T, 4> d_o, TensorView<T, 5> dq, TensorView<T, 5> dk,
+                        TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda) {
+  using namespace cuda_detail;
+  using DT = device_t<T>;
+  constexpr std::string_view where = "attention_backward";
+  detail::check_attention_backward<Maps>(where, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv, dlambda);
+  detail::require_all_in(where, memory_space::device,
+                         {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {"o", o.space()}, {"lse", lse.space()},
+                          {"do", d_o.space()}, {"dq", dq.space()}, {"dk", dk.space()}, {"dv", dv.space()}});
+  require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
+  const auto s = shape_of<T>(q, k, v, causal);
+  const auto* qp = device_pointer(q.data());
+  const auto* kp = device_pointer(k.data());
+  const auto* vp = device_pointer(v.data());
+  const auto* dop = device_pointer(d_o.data());
+  const float* lam = Maps == 2 ? lambda.data() : nullptr;
+
+  // rowsum(dO ⊙ O_m) and dλ
+  Tensor<float, 4> rowsum({s.B, s.H, Maps, s.N}, p.memory());
+  float* dlam = nullptr;
+  if constexpr (Maps == 2) {
+    dlam = dlambda.data();
+    DIFFTX_CUDA_CHECK(cudaMemsetAsync(dlam, 0, sizeof(float), p.stream()));
+  }
+  const long long rows = static_cast<long long>(s.B) * s.N * s.H;
+  attention_rowsums<Maps, DT><<<blocks_for(rows, 8), 256, 0, p.stream()>>>(
+      device_pointer(o.data()), Maps == 2 ? device_pointer(o2.data()) : nullptr, dop, lam, s, rowsum.data(), dlam);
+  DIFFTX_CUDA_CHECK(cudaGetLastError());
+
+  if constexpr (has_tensor_cores<T>) {
+    if (use_tensor_cores(s.d)) {
+      Tensor<float, 5> dq_accum(dq.shape(), p.memory());  // zeroed; blocks add their part
+      auto launch = [&](auto head) {
+        constexpr int D = decltype(head)::value;
+        auto kernel = attention_backward_mma<Maps, D, DT>;
+        constexpr std::size_t bytes = backward_mma_shared_bytes<Maps, D>();
+        allow_shared_memory(kernel, bytes);
+        kernel<<<dim3((s.N + mma_block - 1) / mma_block, s.G, s.B), mma_config<Maps, D>::threads, bytes, p.stream()>>>(
+            qp, kp, vp, dop, lse.data(), rowsum.data(), lam, s, device_pointer(dk.data()), device_pointer(dv.data()),
+            dq_accum.data());
+      };
+      if (s.d == 64)
+        launch(std::integral_constant<int, 64>{});
+      else
+        launch(std::integral_constant<int, 128>{});
+      DIFFTX_CUDA_CHECK(cudaGetLastError());
+      store_as<<<blocks_for(dq.size(), 256), 256, 0, p.stream()>>>(dq_accum.data(), dq.size(),
+                                                                             device_pointer(dq.data()));
+      DIFFTX_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
+  auto launch_simt = [&](auto max_d) {
+    constexpr int MaxD = decltype(max_d)::value;
+    attention_backward_dkdv_simt<Maps, MaxD, DT><<<dim3((s.N + simt_rows - 1) / simt_rows, s.G, s.B), 128, 0, p.stream()>>>(
+        qp, kp, vp, dop, lse.data(), rowsum.data(), lam, s, device_pointer(dk.data()), device_pointer(dv.data()));
+    DIFFTX_CUDA_CHECK(cudaGetLastError());
+    attention_backward_dq_simt<Maps, MaxD, DT><<<dim3((s.N + simt_rows - 1) / simt_rows, s.H, s.B), 128, 0, p.stream()>>>(
+        qp, kp, vp, dop, lse.data(), rowsum.data(), lam, s, device_pointer(dq.data()));
+    DIFFTX_CUDA_CHECK(cudaGetLastError());
+  };
+  if (s.d <= 32)
+    launch_simt(std::integral_constant<int, 32>{});
+  else
+    launch_simt(std::integral_constant<int, 128>{});
+}
+
+}  // namespace difftx

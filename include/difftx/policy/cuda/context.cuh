@@ -1,0 +1,117 @@
+// The CUDA policy's state: a device, a stream every kernel and copy runs on,
+// a cuBLASLt handle with its workspace, and stream-ordered device memory.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "difftx/core/memory.hpp"
+
+namespace difftx {
+
+// A CUDA runtime or cuBLAS failure (not bad input: those throw input_error).
+class cuda_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace cuda_detail {
+inline void check(cudaError_t status, const char* what, const char* file, int line) {
+  if (status != cudaSuccess)
+    throw cuda_error(std::string(file) + ":" + std::to_string(line) + ": " + what + ": " + cudaGetErrorString(status));
+}
+inline void check(cublasStatus_t status, const char* what, const char* file, int line) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw cuda_error(std::string(file) + ":" + std::to_string(line) + ": " + what + ": cuBLAS status " +
+                     std::to_string(static_cast<int>(status)));
+}
+}  // namespace cuda_detail
+
+#define DIFFTX_CUDA_CHECK(expr) ::difftx::cuda_detail::check((expr), #expr, __FILE__, __LINE__)
+
+// Device memory allocated and freed in the order of one stream (cudaMallocAsync),
+// so temporaries of a backward cost no device-wide synchronisation.
+class device_memory_resource final : public memory_resource {
+ public:
+  explicit device_memory_resource(cudaStream_t stream) : stream_(stream) {}
+  void* allocate(std::size_t bytes) override {
+    void* p = nullptr;
+    DIFFTX_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream_));
+    return p;
+  }
+  void deallocate(void* p, std::size_t) noexcept override { cudaFreeAsync(p, stream_); }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    DIFFTX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void zero(void* p, std::size_t bytes) override { DIFFTX_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_)); }
+  // Host memory may be reused as soon as these return, so they wait for the copy.
+  void upload(void* dst, const void* host_src, std::size_t bytes) override {
+    DIFFTX_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+    DIFFTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void download(void* host_dst, const void* src, std::size_t bytes) override {
+    DIFFTX_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    DIFFTX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  memory_space space() const noexcept override { return memory_space::device; }
+
+ private:
+  cudaStream_t stream_;
+};
+
+struct cuda_context {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t blas = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
+  std::unique_ptr<device_memory_resource> memory;
+
+  explicit cuda_context(int device_index) : device(device_index) {
+    DIFFTX_CUDA_CHECK(cudaSetDevice(device));
+    DIFFTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    DIFFTX_CUDA_CHECK(cublasLtCreate(&blas));
+    DIFFTX_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
+    memory = std::make_unique<device_memory_resource>(stream);
+  }
+  cuda_context(const cuda_context&) = delete;
+  cuda_context& operator=(const cuda_context&) = delete;
+  ~cuda_context() {
+    cudaStreamSynchronize(stream);
+    cudaFree(workspace);
+    cublasLtDestroy(blas);
+    cudaStreamDestroy(stream);
+  }
+
+  void synchronize() const { DIFFTX_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+
+  // One context per device, shared by every default-constructed policy, so
+  // modules built separately still run in order on one stream. It is never
+  // destroyed: the CUDA runtime may be gone before static destructors run.
+  static std::shared_ptr<cuda_context> for_current_device() {
+    int device = 0;
+    DIFFTX_CUDA_CHECK(cudaGetDevice(&device));
+    static std::mutex mutex;
+    static std::vector<std::shared_ptr<cuda_context>>* contexts = new std::vector<std::shared_ptr<cuda_context>>();
+    std::lock_guard lock(mutex);
+    if (contexts->size() <= static_cast<std::size_t>(device)) contexts->resize(static_cast<std::size_t>(device) + 1);
+    auto& slot = (*contexts)[static_cast<std::size_t>(device)];
+    if (!slot) slot = std::make_shared<cuda_context>(device);
+    return slot;
+  }
+};
+
+// Whether a CUDA device is present (tests and tools ask before building a policy).
+inline bool cuda_device_available() noexcept {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+}  // namespace difftx

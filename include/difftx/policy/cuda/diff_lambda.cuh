@@ -1,0 +1,92 @@
+// CUDA lambda re-parameterisation (formulas in difftx/ops/diff_lambda.hpp):
+// lambda stays on the device, where the attention kernels read it.
+#pragma once
+
+#include "difftx/ops/diff_lambda.hpp"
+#include "difftx/policy/cuda/device_types.cuh"
+#include "difftx/policy/cuda/tag.cuh"
+
+namespace difftx {
+
+namespace cuda_detail {
+
+// e1 = exp(lq1 · lk1), e2 = exp(lq2 · lk2), by one warp.
+template <class DT>
+__device__ void lambda_exponentials(const DT* lq1, const DT* lk1, const DT* lq2, const DT* lk2, int d, float& e1,
+                                    float& e2) {
+  float dot1 = 0, dot2 = 0;
+  for (int c = threadIdx.x; c < d; c += 32) {
+    dot1 += to_float(lq1[c]) * to_float(lk1[c]);
+    dot2 += to_float(lq2[c]) * to_float(lk2[c]);
+  }
+  e1 = expf(warp_sum(dot1));
+  e2 = expf(warp_sum(dot2));
+}
+
+template <class DT>
+__global__ void diff_lambda_forward_kernel(const DT* lq1, const DT* lk1, const DT* lq2, const DT* lk2, int d,
+                                           float lambda_init, float* lambda) {
+  float e1, e2;
+  lambda_exponentials(lq1, lk1, lq2, lk2, d, e1, e2);
+  if (threadIdx.x == 0) lambda[0] = e1 - e2 + lambda_init;
+}
+
+template <class DT>
+__global__ void diff_lambda_backward_kernel(const DT* lq1, const DT* lk1, const DT* lq2, const DT* lk2, int d,
+                                            const float* dlambda, DT* dlq1, DT* dlk1, DT* dlq2, DT* dlk2) {
+  float e1, e2;
+  lambda_exponentials(lq1, lk1, lq2, lk2, d, e1, e2);
+  const float g1 = dlambda[0] * e1, g2 = dlambda[0] * e2;
+  for (int c = threadIdx.x; c < d; c += 32) {
+    dlq1[c] = from_float<DT>(to_float(dlq1[c]) + g1 * to_float(lk1[c]));
+    dlk1[c] = from_float<DT>(to_float(dlk1[c]) + g1 * to_float(lq1[c]));
+    dlq2[c] = from_float<DT>(to_float(dlq2[c]) - g2 * to_float(lk2[c]));
+    dlk2[c] = from_float<DT>(to_float(dlk2[c]) - g2 * to_float(lq2[c]));
+  }
+}
+
+}  // namespace cuda_detail
+
+// lq1, lk1, lq2, lk2 [d] -> lambda [1]
+template <class T>
+  requires supported_by<policy::cuda, T>
+void diff_lambda_forward(const policy::cuda& p, TensorView<const T, 1> lq1, cview<T, 1> lk1, cview<T, 1> lq2,
+                         cview<T, 1> lk2, double lambda_init, TensorView<accum_t<T>, 1> lambda) {
+  using namespace cuda_detail;
+  constexpr std::string_view where = "diff_lambda_forward";
+  detail::check_diff_lambda(where, lq1, lk1, lq2, lk2, lambda, "lambda");
+  detail::require_all_in(where, memory_space::device,
+                         {{"lambda_q1", lq1.space()}, {"lambda_k1", lk1.space()}, {"lambda_q2", lq2.space()},
+                          {"lambda_k2", lk2.space()}, {"lambda", lambda.space()}});
+  diff_lambda_forward_kernel<<<1, 32, 0, p.stream()>>>(device_pointer(lq1.data()), device_pointer(lk1.data()),
+                                                       device_pointer(lq2.data()), device_pointer(lk2.data()),
+                                                       static_cast<int>(lq1.size()), static_cast<float>(lambda_init),
+                                                       lambda.data());
+  DIFFTX_CUDA_CHECK(cudaGetLastError());
+}
+
+// dlambda [1] -> dlq1, dlk1, dlq2, dlk2 [d] (+=)
+template <class T>
+  requires supported_by<policy::cuda, T>
+void diff_lambda_backward(const policy::cuda& p, TensorView<const T, 1> lq1, cview<T, 1> lk1, cview<T, 1> lq2,
+                          cview<T, 1> lk2, cview<accum_t<T>, 1> dlambda, TensorView<T, 1> dlq1, TensorView<T, 1> dlk1,
+                          TensorView<T, 1> dlq2, TensorView<T, 1> dlk2) {
+  using namespace cuda_detail;
+  constexpr std::string_view where = "diff_lambda_backward";
+  detail::check_diff_lambda(where, lq1, lk1, lq2, lk2, dlambda, "dlambda");
+  require_shape(where, "dlambda_q1", dlq1, lq1.shape());
+  require_shape(where, "dlambda_k1", dlk1, lq1.shape());
+  require_shape(where, "dlambda_q2", dlq2, lq1.shape());
+  require_shape(where, "dlambda_k2", dlk2, lq1.shape());
+  detail::require_all_in(where, memory_space::device,
+                         {{"lambda_q1", lq1.space()}, {"lambda_k1", lk1.space()}, {"lambda_q2", lq2.space()},
+                          {"lambda_k2", lk2.space()}, {"dlambda", dlambda.space()}, {"dlambda_q1", dlq1.space()},
+                          {"dlambda_k1", dlk1.space()}, {"dlambda_q2", dlq2.space()}, {"dlambda_k2", dlk2.space()}});
+  diff_lambda_backward_kernel<<<1, 32, 0, p.stream()>>>(
+      device_pointer(lq1.data()), device_pointer(lk1.data()), device_pointer(lq2.data()), device_pointer(lk2.data()),
+      static_cast<int>(lq1.size()), dlambda.data(), device_pointer(dlq1.data()), device_pointer(dlk1.data()),
+      device_pointer(dlq2.data()), device_pointer(dlk2.data()));
+  DIFFTX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace difftx

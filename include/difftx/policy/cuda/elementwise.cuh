@@ -1,0 +1,97 @@
+// CUDA elementwise kernels: the SwiGLU gate (formulas in difftx/ops/swiglu.hpp),
+// residual adds and copies (difftx/ops/elementwise.hpp).
+#pragma once
+
+#include "difftx/ops/elementwise.hpp"
+#include "difftx/ops/swiglu.hpp"
+#include "difftx/policy/cuda/device_types.cuh"
+#include "difftx/policy/cuda/tag.cuh"
+
+namespace difftx {
+
+namespace cuda_detail {
+
+constexpr unsigned elementwise_threads = 256;
+
+// f(i) for every i in [0, n), grid-stride.
+template <class F>
+__global__ void for_each_index(long long n, F f) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    f(i);
+}
+
+template <class F>
+void launch_for_each(const policy::cuda& p, long long n, F f) {
+  if (n == 0) return;
+  const unsigned blocks = std::min<unsigned>(blocks_for(n, elementwise_threads), 65535u * 8);
+  for_each_index<<<blocks, elementwise_threads, 0, p.stream()>>>(n, f);
+  DIFFTX_CUDA_CHECK(cudaGetLastError());
+}
+
+__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + __expf(-z)); }
+
+}  // namespace cuda_detail
+
+// h[M, F] = swish(g) ⊙ u
+template <class T>
+  requires supported_by<policy::cuda, T>
+void swiglu_gate_forward(const policy::cuda& p, cview<T, 2> g, cview<T, 2> u, TensorView<T, 2> h) {
+  using namespace cuda_detail;
+  constexpr std::string_view where = "swiglu_gate_forward";
+  detail::check_swiglu_gate(where, g, u, h, "h");
+  detail::require_all_in(where, memory_space::device, {{"g", g.space()}, {"u", u.space()}, {"h", h.space()}});
+  using DT = device_t<T>;
+  const DT *gp = device_pointer(g.data()), *up = device_pointer(u.data());
+  DT* hp = device_pointer(h.data());
+  launch_for_each(p, g.size(), [=] __device__(long long i) {
+    const float z = to_float(gp[i]);
+    hp[i] = from_float<DT>(z * sigmoid(z) * to_float(up[i]));
+  });
+}
+
+// dh[M, F] -> dg, du (assign)
+template <class T>
+  requires supported_by<policy::cuda, T>
+void swiglu_gate_backward(const policy::cuda& p, cview<T, 2> g, cview<T, 2> u, cview<T, 2> dh, TensorView<T, 2> dg,
+                          TensorView<T, 2> du) {
+  using namespace cuda_detail;
+  constexpr std::string_view where = "swiglu_gate_backward";
+  detail::check_swiglu_gate(where, g, u, dh, "dh");
+  require_shape(where, "dg", dg, g.shape());
+  require_shape(where, "du", du, g.shape());
+  detail::require_all_in(where, memory_space::device,
+                         {{"g", g.space()}, {"u", u.space()}, {"dh", dh.space()}, {"dg", dg.space()}, {"du", du.space()}});
+  using DT = device_t<T>;
+  const DT *gp = device_pointer(g.data()), *up = device_pointer(u.data()), *dhp = device_pointer(dh.data());
+  DT *dgp = device_pointer(dg.data()), *dup = device_pointer(du.data());
+  launch_for_each(p, g.size(), [=] __device__(long long i) {
+    const float z = to_float(gp[i]), sig = sigmoid(z), grad = to_float(dhp[i]);
+    dgp[i] = from_float<DT>(grad * to_float(up[i]) * sig * (1.0f + z * (1.0f - sig)));
+    dup[i] = from_float<DT>(grad * z * sig);
+  });
+}
+
+// y += x, any rank
+template <class T, std::size_t R>
+  requires supported_by<policy::cuda, T>
+void add_into(const policy::cuda& p, cview<T, R> x, TensorView<T, R> y) {
+  using namespace cuda_detail;
+  detail::check_same_shape("add_into", x, y);
+  detail::require_all_in("add_into", memory_space::device, {{"x", x.space()}, {"y", y.space()}});
+  using DT = device_t<T>;
+  const DT* xp = device_pointer(x.data());
+  DT* yp = device_pointer(y.data());
+  launch_for_each(p, x.size(), [=] __device__(long long i) { yp[i] = from_float<DT>(to_float(yp[i]) + to_float(xp[i])); });
+}
+
+// y = x, any rank
+template <class T, std::size_t R>
+  requires supported_by<policy::cuda, T>
+void copy_into(const policy::cuda& p, cview<T, R> x, TensorView<T, R> y) {
+  detail::check_same_shape("copy_into", x, y);
+  detail::require_all_in("copy_into", memory_space::device, {{"x", x.space()}, {"y", y.space()}});
+  p.memory().copy(y.data(), x.data(), static_cast<std::size_t>(x.size()) * sizeof(T));
+}
+
+}  // namespace difftx

@@ -1,0 +1,27 @@
+// The CUDA policy's tag; see difftx/policy/cuda.hpp.
+#pragma once
+
+#include <memory>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+#include "difftx/policy/cuda/context.cuh"
+
+namespace difftx::policy {
+
+struct cuda {
+  static constexpr const char* name = "cuda";
+  // float32 computes in float32 (no TF32); float16 and bfloat16 are stored as
+  // they are and computed with float accumulation.
+  template <class T>
+  static constexpr bool supports =
+      std::is_same_v<T, float> || std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
+
+  std::shared_ptr<cuda_context> context = cuda_context::for_current_device();
+
+  memory_resource& memory() const noexcept { return *context->memory; }
+  cudaStream_t stream() const noexcept { return context->stream; }
+};
+
+}  // namespace difftx::policy
