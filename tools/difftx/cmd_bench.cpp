@@ -23,7 +23,7 @@ struct bench_options {
   std::string module, policy, dtype;
   index_t batch = 0, seq = 0, d_model = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn_dim = 0;
   bool no_causal = false, backward = false, json = false;
-  int repeats = 10;
+  int repeats = 10, threads = 0;
 };
 
 struct flop_count {
@@ -69,7 +69,7 @@ double median_ms(int repeats, F&& f) {
 
 module_spec bench_spec(const bench_options& o) {
   module_spec s{.kind = o.module, .d_model = o.d_model, .heads = o.heads, .kv_heads = o.kv_heads,
-                .head_dim = o.head_dim, .ffn_dim = o.ffn_dim, .causal = !o.no_causal};
+                .head_dim = o.head_dim, .ffn_dim = o.ffn_dim, .causal = !o.no_causal, .threads = o.threads};
   if (s.kind == "swiglu" || s.kind == "decoder_layer") s.ffn_dim = o.ffn_dim ? o.ffn_dim : default_ffn_dim(o.d_model);
   if (!uses_head_dim(s.kind)) return s;
   if (o.heads == 0) throw CLI::RequiredError("--heads (for --module " + o.module + ")");
@@ -157,6 +157,7 @@ void add_bench_command(CLI::App& app) {
   add_module_option(*cmd, o->module);
   add_policy_option(*cmd, o->policy);
   add_dtype_option(*cmd, o->dtype);
+  add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
   cmd->add_option("--batch", o->batch, "batch size B")->required()->check(CLI::PositiveNumber);
   cmd->add_option("--seq", o->seq, "sequence length N")->required()->check(CLI::PositiveNumber);
   cmd->add_option("--d-model", o->d_model, "model width C")->required()->check(CLI::PositiveNumber);
@@ -182,7 +183,7 @@ void add_bench_command(CLI::App& app) {
       "query/key size d = D, value size dv (2D differential, D standard) and 2 maps (differential) or 1: forward\n"
       "P·maps·(2d + 2dv) (Q·Kᵀ, P·V); backward P·(4dv + maps·4d) (dV, dP; dQ, dK), without the scores the\n"
       "backward recomputes, so GFLOP/s are conservative. Not counted: RMSNorm, RoPE, softmax, the SwiGLU gate,\n"
-      "residual adds (O(B·N·C) each), so rmsnorm reports no GFLOP/s. Threads: the policy's (simd: OMP_NUM_THREADS).\n" +
+      "residual adds (O(B·N·C) each), so rmsnorm reports no GFLOP/s.\n" +
       exit_codes_help);
   cmd->callback([o] { bench(*o); });
 }

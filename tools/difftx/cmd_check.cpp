@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <memory>
 
 #include <difftx/core/random.hpp>
 #include <difftx/testing/compare.hpp>
@@ -25,8 +26,9 @@ constexpr index_t batch = 2, seq = 5, entries_per_tensor = 12;
 constexpr io::dtype types[] = {io::dtype::f64, io::dtype::f32, io::dtype::bf16, io::dtype::f16};
 
 // The check's modules: small, grouped heads, a layer index > 0 so lambda_init is not the default.
-std::vector<module_spec> check_modules(index_t head_dim) {
-  const module_spec base{.kind = "", .d_model = 16, .heads = 2, .kv_heads = 1, .head_dim = head_dim, .layer_index = 1, .ffn_dim = 24};
+std::vector<module_spec> check_modules(index_t head_dim, int threads) {
+  const module_spec base{.kind = "", .d_model = 16, .heads = 2, .kv_heads = 1, .head_dim = head_dim, .layer_index = 1,
+                         .ffn_dim = 24, .threads = threads};
   std::vector<module_spec> specs;
   for (const char* kind : {"rmsnorm", "swiglu", "multihead", "attention", "decoder_layer", "decoder_stack"}) {
     specs.push_back(base);
@@ -176,11 +178,12 @@ std::string scientific(double v) {
   return text;
 }
 
-int check() {
+int check(int threads) {
   const auto policies = built_policy_names();
   std::printf("difftx check: every module on x [%td, %td, 16] with random weights, policies built: ", batch, seq);
   for (const auto& p : policies) std::printf("%s%s", p.c_str(), &p == &policies.back() ? "\n" : ", ");
-  std::printf("  modules: C = 16, h = 2, g = 1, l = 1, F = 24; attention H = 4, G = 2; decoder_stack = 2 decoder layers\n");
+  std::printf("  modules: C = 16, h = 2, g = 1, l = 1, F = 24; attention H = 4, G = 2; decoder_stack = 2 decoder layers;"
+              " %d thread%s\n", threads, threads == 1 ? "" : "s");
   std::printf("  gradcheck: float64, %td sampled entries per tensor against five-point finite differences, bar %.0e\n",
               entries_per_tensor, testing::gradcheck_options{}.tolerance);
   std::printf("  vs ref: max|a - b| / max|b| against the reference policy in float64 on the same weights and input;\n"
@@ -200,7 +203,7 @@ int check() {
   random_stream rng(seed);
   for (const auto& policy : policies) {
     const index_t head_dim = check_head_dim(policy);
-    for (const auto& spec : check_modules(head_dim)) {
+    for (const auto& spec : check_modules(head_dim, threads)) {
       auto reference = make_runner(spec, "reference", io::dtype::f64);
       const auto weights = random_weights(*reference, rng);
       const std::vector<index_t> shape{batch, seq, spec.d_model};
@@ -255,8 +258,12 @@ void add_check_command(CLI::App& app) {
       "in float64 a gradient check against finite differences; every policy and dtype against the reference policy\n"
       "in float64 on the same (rounded) numbers within testing::tolerance<T>.\n" +
       exit_codes_help);
-  cmd->callback([] {
-    if (const int status = check(); status != 0) throw CLI::RuntimeError(status);
+  // One thread by default: at these sizes threads only add overhead, and on a
+  // busy machine OpenMP's spinning makes a 3-second check take minutes.
+  auto threads = std::make_shared<int>(1);
+  add_threads_option(*cmd, *threads, "1");
+  cmd->callback([threads] {
+    if (const int status = check(*threads); status != 0) throw CLI::RuntimeError(status);
   });
 }
 

@@ -20,6 +20,7 @@ struct run_options {
   index_t layer_index = 0, ffn_dim = 0;
   double rope_theta = 10000.0, eps = 1e-5;
   bool no_causal = false;
+  int threads = 0;
   std::string dtype, policy;
 };
 
@@ -28,7 +29,8 @@ struct run_options {
 module_spec spec_from_weights(const run_options& o, const io::tensor_file& weights) {
   const std::string& label = o.weights;
   module_spec s{.kind = o.module, .heads = o.heads, .kv_heads = o.kv_heads, .layer_index = o.layer_index,
-                .ffn_dim = o.ffn_dim, .rope_theta = o.rope_theta, .eps = o.eps, .causal = !o.no_causal};
+                .ffn_dim = o.ffn_dim, .rope_theta = o.rope_theta, .eps = o.eps, .causal = !o.no_causal,
+                .threads = o.threads};
   auto shape_of = [&](const std::string& name, std::size_t rank) {
     const auto& shape = weights.at(name, "run", label).shape;
     require(shape.size() == rank && std::all_of(shape.begin(), shape.end(), [](index_t e) { return e > 0; }), "run",
@@ -136,6 +138,7 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   add_dtype_option(*cmd, o->dtype);
   add_policy_option(*cmd, o->policy);
+  add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
   cmd->footer(
       "d_model C and the head size D come from the weight shapes (q_proj.weight is [2hD, C] for multihead and\n"
       "decoder_layer, [HD, C] for attention) and are checked against each other and the input.\n" +

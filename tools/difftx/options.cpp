@@ -37,6 +37,11 @@ CLI::Option* add_module_option(CLI::App& command, std::string& module) {
   return command.add_option("--module", module, "the module")->check(CLI::IsMember(module_kinds))->required();
 }
 
+CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& default_text) {
+  return command.add_option("--threads", threads, "threads of a policy that runs several (simd; default: " + default_text + ")")
+      ->check(CLI::PositiveNumber);
+}
+
 io::dtype checked_dtype(const std::string& dtype, const std::string& policy) {
   const auto type = *io::parse_dtype_name(dtype);
   if (!computes_in(policy, type))

@@ -26,6 +26,7 @@ struct module_spec {
   double rope_theta = 10000.0;
   double eps = 1e-5;
   bool causal = true;
+  int threads = 0;  // for a policy with threads; 0 means its default
 };
 
 // The module kinds `difftx run` and `difftx bench` take (decoder_stack is the check's).

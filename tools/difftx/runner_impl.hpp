@@ -102,26 +102,42 @@ inline MultiHeadConfig multihead_config(const module_spec& s, index_t layer_offs
           .rope_theta = s.rope_theta, .causal = s.causal};
 }
 
+// The policy object every module of the runner gets: spec.threads, where the policy has threads.
+template <class Policy>
+Policy make_policy(const module_spec& s) {
+  Policy policy{};
+  if constexpr (requires { policy.threads; })
+    if (s.threads > 0) policy.threads = s.threads;
+  return policy;
+}
+
 template <class Policy, class T, index_t D>
 std::unique_ptr<runner> make_with_head_dim(const module_spec& s) {
-  if (s.kind == "multihead") return std::make_unique<module_runner<MultiHead<T, D, Policy>>>(s.d_model, multihead_config(s));
+  const auto policy = make_policy<Policy>(s);
+  if (s.kind == "multihead")
+    return std::make_unique<module_runner<MultiHead<T, D, Policy>>>(s.d_model, multihead_config(s), policy);
   if (s.kind == "attention")
     return std::make_unique<module_runner<Attention<T, D, Policy>>>(
-        s.d_model, AttentionConfig{.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads,
-                                   .rope_theta = s.rope_theta, .causal = s.causal});
+        s.d_model,
+        AttentionConfig{.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .rope_theta = s.rope_theta,
+                        .causal = s.causal},
+        policy);
   if (s.kind == "decoder_layer")
     return std::make_unique<module_runner<DecoderLayer<T, D, Policy>>>(
-        s.d_model, DecoderLayerConfig{multihead_config(s), s.ffn_dim, s.eps});
+        s.d_model, DecoderLayerConfig{multihead_config(s), s.ffn_dim, s.eps}, policy);
   require(s.kind == "decoder_stack", "make_runner", "kind", "a module kind", s.kind);
   std::vector<DecoderLayer<T, D, Policy>> layers;
-  for (index_t l = 0; l < s.layers; ++l) layers.emplace_back(DecoderLayerConfig{multihead_config(s, l), s.ffn_dim, s.eps});
+  for (index_t l = 0; l < s.layers; ++l)
+    layers.emplace_back(DecoderLayerConfig{multihead_config(s, l), s.ffn_dim, s.eps}, policy);
   return std::make_unique<module_runner<Stack<DecoderLayer<T, D, Policy>>>>(s.d_model, std::move(layers));
 }
 
 template <class T, class Policy, index_t... D>
 std::unique_ptr<runner> make_for_policy(policy_entry<Policy, D...>, const module_spec& s) {
-  if (s.kind == "rmsnorm") return std::make_unique<module_runner<RMSNorm<T, Policy>>>(s.d_model, s.d_model, s.eps);
-  if (s.kind == "swiglu") return std::make_unique<module_runner<SwiGLU<T, Policy>>>(s.d_model, s.d_model, s.ffn_dim);
+  if (s.kind == "rmsnorm")
+    return std::make_unique<module_runner<RMSNorm<T, Policy>>>(s.d_model, s.d_model, s.eps, 1.0, make_policy<Policy>(s));
+  if (s.kind == "swiglu")
+    return std::make_unique<module_runner<SwiGLU<T, Policy>>>(s.d_model, s.d_model, s.ffn_dim, make_policy<Policy>(s));
   std::unique_ptr<runner> made;
   ((s.head_dim == D && (made = make_with_head_dim<Policy, T, D>(s))) || ...);
   require(made != nullptr, "make_runner", "head_dim",
