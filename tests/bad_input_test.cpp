@@ -3,7 +3,6 @@
 // gradient buffers, saved state and parameters keep their values.
 #include <doctest/doctest.h>
 
-#include <functional>
 #include <string>
 
 #include <difftx/difftx.hpp>
@@ -11,26 +10,9 @@
 #include "support/helpers.hpp"
 
 using namespace difftx;
+using test_support::expect_input_error;
 
 namespace {
-
-// Runs f, which must throw input_error whose parts contain the given words.
-void expect_input_error(const std::function<void()>& f, const std::string& where, const std::string& argument,
-                        const std::string& expected, const std::string& got) {
-  try {
-    f();
-    FAIL("no input_error thrown (expected one from " << where << " about " << argument << ")");
-  } catch (const input_error& e) {
-    INFO("message: " << e.what());
-    CHECK(e.where() == where);
-    CHECK(e.argument() == argument);
-    CHECK(e.expected().find(expected) != std::string::npos);
-    CHECK(e.got().find(got) != std::string::npos);
-    const std::string message = e.what();
-    CHECK(message.find(where) != std::string::npos);
-    CHECK(message.find(argument) != std::string::npos);
-  }
-}
 
 // A snapshot of every value a call may touch, to prove it touched none.
 template <class Module>

@@ -25,6 +25,13 @@ C order, packed in alphabetical order of name. Tensors per file: "input" (or
 "input.q/k/v" for diff_attn), every parameter under its spec weight name,
 "output", "grad_output" (dY; the loss is sum(dY * Y)), "grad_input" (or
 "grad_input.q/k/v") and "grad.<param name>" for every parameter.
+
+For weight interop it also writes, from the same tensors:
+- tests/data/npy/<case>.<tensor>.<f64|f32>.npy with numpy.save: the
+  decoder_layer case's input, grad_output, output and grad_input (float64 and
+  float32, rank 3), diff_attn_causal's input.q (rank 5) and its lambda (rank 0);
+- tests/data/decoder_layer.weights.<f32|f16|bf16>.safetensors: that case's
+  parameters only, converted by torch (round to nearest even), with its metadata.
 """
 
 import json
@@ -33,6 +40,7 @@ import os
 import struct
 import sys
 
+import numpy
 import torch
 
 torch.set_num_threads(1)
@@ -183,14 +191,26 @@ def swiglu_params(c, f, pre=""):
 # Safetensors writer.
 # ----------------------------------------------------------------------------
 
-def write_safetensors(path, tensors, metadata):
+# Each file dtype: the torch dtype and how to get its little-endian bytes
+# (numpy has no bfloat16, so those go out as their int16 bit patterns).
+FILE_DTYPES = {
+    "F64": (torch.float64, lambda t: t.numpy().astype("<f8").tobytes()),
+    "F32": (torch.float32, lambda t: t.numpy().astype("<f4").tobytes()),
+    "F16": (torch.float16, lambda t: t.numpy().astype("<f2").tobytes()),
+    "BF16": (torch.bfloat16, lambda t: t.view(torch.int16).numpy().astype("<i2").tobytes()),
+}
+
+
+def write_safetensors(path, tensors, metadata, dtype="F64"):
+    """Float64 tensors, stored as dtype (converted by torch)."""
+    torch_dtype, to_bytes = FILE_DTYPES[dtype]
     header = {"__metadata__": {k: str(v) for k, v in metadata.items()}}
     blobs, off = [], 0
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous()
         assert t.dtype == DT
-        raw = t.numpy().astype("<f8").tobytes()
-        header[name] = {"dtype": "F64", "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        raw = to_bytes(t.to(torch_dtype))
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     hj = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
@@ -201,6 +221,33 @@ def write_safetensors(path, tensors, metadata):
         for raw in blobs:
             f.write(raw)
     return os.path.getsize(path)
+
+
+def write_npy(name, tensor):
+    """tests/data/npy/<name>.f64.npy and .f32.npy (numpy.save, C order, little-endian)."""
+    sizes = 0
+    for suffix, np_dtype in (("f64", "<f8"), ("f32", "<f4")):
+        path = os.path.join(OUT_DIR, "npy", f"{name}.{suffix}.npy")
+        numpy.save(path, tensor.detach().numpy().astype(np_dtype, order="C"))
+        sizes += os.path.getsize(path)
+    return sizes
+
+
+def write_interop(name, tensors, meta):
+    """The extra files of the module docstring; returns their total size."""
+    size = 0
+    if name == "decoder_layer":
+        for t in ("input", "grad_output", "output", "grad_input"):
+            size += write_npy(f"{name}.{t}", tensors[t])
+        params = {k: v for k, v in tensors.items()
+                  if k not in ("input", "output", "grad_output", "grad_input") and not k.startswith("grad.")}
+        for dtype in ("F32", "F16", "BF16"):
+            path = os.path.join(OUT_DIR, f"{name}.weights.{dtype.lower()}.safetensors")
+            size += write_safetensors(path, params, meta, dtype)
+    if name == "diff_attn_causal":
+        size += write_npy(f"{name}.input.q", tensors["input.q"])
+        size += write_npy(f"{name}.lambda", torch.tensor(float(meta["lambda"]), dtype=DT))
+    return size
 
 
 # ----------------------------------------------------------------------------
@@ -412,7 +459,7 @@ def self_check():
 
 def main():
     self_check()
-    os.makedirs(OUT_DIR, exist_ok=True)
+    os.makedirs(os.path.join(OUT_DIR, "npy"), exist_ok=True)
     total = 0
     for fn in CASES:
         torch.manual_seed(1000 + CASES.index(fn))
@@ -421,6 +468,10 @@ def main():
         total += size
         lam = (" lambda=" + meta["lambda"]) if "lambda" in meta else ""
         print(f"{name + '.safetensors':40s} {size:8d} bytes{lam}")
+        extra = write_interop(name, tensors, meta)
+        if extra:
+            total += extra
+            print(f"{name + ' (.npy, typed weights)':40s} {extra:8d} bytes")
     print(f"{'total':40s} {total:8d} bytes")
     return 0
 

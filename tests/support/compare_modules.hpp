@@ -14,14 +14,7 @@
 
 namespace test_support {
 
-// Gradient tensors are compared with a floor of 10% of the largest gradient of
-// the module. A tensor that is zero in exact arithmetic (q_proj and k_proj at
-// N = 1, where softmax over one key is constant) holds only rounding noise: the
-// backward forms dS = P (dP - rowsum(dO ⊙ O)) from O stored in T, so the noise
-// is ~1 u of the module's gradient scale (0.6 to 0.9 u measured in float16 and
-// bfloat16). Against a 10% floor that reads as ~9 u, inside every backward bar;
-// a wrong formula still shows as O(1) in float and double.
-constexpr double gradient_floor_fraction = 0.1;
+using difftx::testing::gradient_floor_fraction;
 
 struct comparison {
   double forward = 0, backward = 0;

@@ -1,10 +1,12 @@
 // Helpers shared by the test suites: parameter randomisation in the fixtures'
-// distributions, cross-type copies, and the normwise difference tests use.
+// distributions, cross-type copies, and the check that a call throws the
+// expected input_error.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,24 @@ difftx::Tensor<T, R> random_tensor(const difftx::shape_t<R>& shape, std::uint64_
   difftx::random_stream rng(seed);
   difftx::fill_normal(t.view(), rng, 0.0, stddev);
   return t;
+}
+
+// Runs f, which must throw input_error whose parts contain the given words.
+inline void expect_input_error(const std::function<void()>& f, const std::string& where, const std::string& argument,
+                               const std::string& expected, const std::string& got) {
+  try {
+    f();
+    FAIL("no input_error thrown (expected one from " << where << " about " << argument << ")");
+  } catch (const difftx::input_error& e) {
+    const std::string message = e.what();
+    INFO("message: " << message);
+    CHECK(e.where() == where);
+    CHECK(e.argument() == argument);
+    CHECK(e.expected().find(expected) != std::string::npos);
+    CHECK(e.got().find(got) != std::string::npos);
+    CHECK(message.find(where) != std::string::npos);
+    CHECK(message.find(argument) != std::string::npos);
+  }
 }
 
 }  // namespace test_support

@@ -10,8 +10,6 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <string>
 
@@ -21,17 +19,6 @@
 #include "difftx/io/tensor_file.hpp"
 
 namespace difftx::io {
-
-namespace detail {
-inline std::vector<std::byte> read_all(const std::filesystem::path& path, std::string_view where) {
-  std::ifstream in(path, std::ios::binary);
-  require(static_cast<bool>(in), where, path.string(), "a readable file", "cannot open it");
-  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  std::memcpy(bytes.data(), chars.data(), chars.size());
-  return bytes;
-}
-}  // namespace detail
 
 inline tensor_file parse_safetensors(const std::vector<std::byte>& bytes, const std::string& label) {
   constexpr std::string_view where = "read_safetensors";
@@ -103,7 +90,9 @@ inline tensor_file parse_safetensors(const std::vector<std::byte>& bytes, const 
     file.tensors.emplace(name, std::move(t));
   }
   // Tensors must tile the data exactly: no overlap, no gap, nothing after.
-  std::sort(extents.begin(), extents.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  // (An empty tensor sorts before a non-empty one at the same offset.)
+  std::sort(extents.begin(), extents.end(),
+            [](const auto& a, const auto& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   std::uint64_t covered = 0;
   for (const auto& e : extents) {
     if (e.begin < covered) fail(e.name, "data not overlapping the previous tensor's", "offset " + std::to_string(e.begin));
@@ -117,7 +106,7 @@ inline tensor_file parse_safetensors(const std::vector<std::byte>& bytes, const 
 }
 
 inline tensor_file read_safetensors(const std::filesystem::path& path) {
-  return parse_safetensors(detail::read_all(path, "read_safetensors"), path.string());
+  return parse_safetensors(read_file_bytes(path, "read_safetensors"), path.string());
 }
 
 inline std::vector<std::byte> serialise_safetensors(const tensor_file& file) {

@@ -35,6 +35,12 @@ struct stored_tensor {
                        to_doubles(view.data(), static_cast<std::size_t>(view.size())));
   }
 
+  // Throws input_error naming `where` and `name` at the first NaN or infinity.
+  void require_finite(std::string_view where, std::string_view name) const {
+    const auto v = values();
+    ::difftx::require_finite(where, name, TensorView<const double, 1>(v.data(), {static_cast<index_t>(v.size())}));
+  }
+
   // The values as a Tensor<T, R> of the expected shape; `where` and `name`
   // label the error when the shape differs.
   template <Scalar T, std::size_t R>

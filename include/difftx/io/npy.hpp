@@ -1,0 +1,253 @@
+// .npy read/write (NumPy's format, numpy.lib.format): the magic "\x93NUMPY",
+// a version (1.0: u16 little-endian header length; 2.0 and 3.0: u32), the
+// header, then the data. The header is a Python dict literal such as
+//   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+// padded with spaces and ending in '\n'. It is not JSON, so it is parsed here
+// by hand, strictly: exactly the keys descr, fortran_order and shape, each once,
+// with a string, True/False and a tuple of integers. difftx reads and writes
+// C-order little-endian float32 and float64 of any rank; everything else throws
+// input_error naming the file, what was expected and what came.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "difftx/io/atomic_file.hpp"
+#include "difftx/io/tensor_file.hpp"
+
+namespace difftx::io {
+
+namespace detail {
+
+struct npy_header {
+  std::string descr;
+  bool fortran_order = false;
+  std::vector<index_t> shape;
+};
+
+// A cursor over the header text. Every mismatch throws with the offset.
+class npy_header_parser {
+ public:
+  // The padding (spaces, then '\n') is not part of the dict.
+  npy_header_parser(std::string_view text, const std::string& label)
+      : text_(text.substr(0, text.find_last_not_of(" \n") + 1)), label_(label) {}
+
+  npy_header parse() {
+    std::optional<std::string> descr;
+    std::optional<bool> fortran_order;
+    std::optional<std::vector<index_t>> shape;
+    skip_spaces();
+    expect('{', "a dict literal '{...}'");
+    skip_spaces();
+    while (!consume('}')) {
+      const std::string key = string_literal("a key in quotes");
+      skip_spaces();
+      expect(':', "':' after the key '" + key + "'");
+      skip_spaces();
+      if (key == "descr" && !descr)
+        descr = string_literal("the dtype string of 'descr'");
+      else if (key == "fortran_order" && !fortran_order)
+        fortran_order = boolean();
+      else if (key == "shape" && !shape)
+        shape = tuple();
+      else
+        fail("each of 'descr', 'fortran_order' and 'shape' once", "key '" + key + "'");
+      skip_spaces();
+      if (!consume(',')) {
+        expect('}', "',' or '}' after the value of '" + key + "'");
+        break;
+      }
+      skip_spaces();
+    }
+    skip_spaces();
+    if (position_ != text_.size()) fail("only spaces and a newline after the dict", found());
+    if (!descr || !fortran_order || !shape)
+      fail("the keys 'descr', 'fortran_order' and 'shape'", std::string("no '") +
+                                                               (!descr ? "descr" : !fortran_order ? "fortran_order" : "shape") + "'");
+    return {*descr, *fortran_order, *shape};
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& expected, const std::string& got) const {
+    throw input_error("read_npy", label_ + ": header", expected, got + " at header offset " + std::to_string(position_));
+  }
+  std::string found() const {
+    if (position_ >= text_.size()) return "the end of the header";
+    const auto c = static_cast<unsigned char>(text_[position_]);
+    if (c < 0x20 || c > 0x7e) return "byte " + std::to_string(c);  // keeps the message on one line
+    return std::string{'\'', text_[position_], '\''};
+  }
+  void skip_spaces() {
+    while (position_ < text_.size() && text_[position_] == ' ') ++position_;
+  }
+  bool consume(char c) {
+    if (position_ >= text_.size() || text_[position_] != c) return false;
+    ++position_;
+    return true;
+  }
+  void expect(char c, const std::string& expected) {
+    if (!consume(c)) fail(expected, found());
+  }
+  // 'text' or "text", without escapes (no key or value of this format has any).
+  std::string string_literal(const std::string& expected) {
+    if (position_ >= text_.size() || (text_[position_] != '\'' && text_[position_] != '"')) fail(expected, found());
+    const char quote = text_[position_++];
+    const std::size_t begin = position_;
+    while (position_ < text_.size() && text_[position_] != quote) {
+      if (text_[position_] == '\\' || text_[position_] == '\n') fail("a string without escapes or newlines", found());
+      ++position_;
+    }
+    if (position_ >= text_.size()) fail("a closing quote", found());
+    return std::string(text_.substr(begin, position_++ - begin));
+  }
+  bool boolean() {
+    for (const auto& [word, value] : {std::pair<std::string_view, bool>{"True", true}, {"False", false}})
+      if (text_.substr(position_, word.size()) == word) {
+        position_ += word.size();
+        return value;
+      }
+    fail("True or False for 'fortran_order'", found());
+  }
+  // A non-negative decimal integer without sign or leading zeros, at most 2^40.
+  index_t integer() {
+    const std::size_t begin = position_;
+    std::uint64_t value = 0;
+    while (position_ < text_.size() && text_[position_] >= '0' && text_[position_] <= '9') {
+      value = value * 10 + static_cast<std::uint64_t>(text_[position_++] - '0');
+      if (value > (std::uint64_t{1} << 40)) fail("a dimension of at most 2^40", "a larger one");
+    }
+    if (position_ == begin) fail("a non-negative integer dimension", found());
+    if (text_[begin] == '0' && position_ - begin > 1) fail("an integer without leading zeros", "'" + std::string(text_.substr(begin, position_ - begin)) + "'");
+    return static_cast<index_t>(value);
+  }
+  // (), (n,), (n, m), (n, m,): a Python tuple, so one element needs its comma.
+  std::vector<index_t> tuple() {
+    expect('(', "a tuple '(...)' for 'shape'");
+    std::vector<index_t> dims;
+    bool comma = false;
+    skip_spaces();
+    while (!consume(')')) {
+      dims.push_back(integer());
+      skip_spaces();
+      comma = consume(',');
+      skip_spaces();
+      if (!comma) {
+        expect(')', "',' or ')' in the shape tuple");
+        break;
+      }
+    }
+    if (dims.size() == 1 && !comma) fail("a tuple '(n,)' for one dimension", "'(n)', which is not a tuple");
+    return dims;
+  }
+
+  std::string_view text_;
+  const std::string& label_;
+  std::size_t position_ = 0;
+};
+
+constexpr std::string_view npy_magic = "\x93NUMPY";
+constexpr std::size_t npy_alignment = 64;  // the header is padded so the data starts on a multiple of this
+
+}  // namespace detail
+
+inline stored_tensor parse_npy(const std::vector<std::byte>& bytes, const std::string& label) {
+  constexpr std::string_view where = "read_npy";
+  auto fail = [&](const std::string& what, const std::string& expected, const std::string& got) {
+    throw input_error(std::string(where), label + ": " + what, expected, got);
+  };
+  const auto* chars = reinterpret_cast<const char*>(bytes.data());
+  if (bytes.size() < 10) fail("preamble", "the 10-byte .npy preamble", std::to_string(bytes.size()) + " bytes in all");
+  if (std::string_view(chars, detail::npy_magic.size()) != detail::npy_magic)
+    fail("preamble", "the magic \"\\x93NUMPY\" of an .npy file", "other bytes");
+  const auto major = static_cast<unsigned>(bytes[6]), minor = static_cast<unsigned>(bytes[7]);
+  if (major < 1 || major > 3 || minor != 0)
+    fail("version", ".npy version 1.0, 2.0 or 3.0", std::to_string(major) + "." + std::to_string(minor));
+  std::size_t header_begin = 10, header_size = 0;
+  if (major == 1) {
+    std::uint16_t n;
+    std::memcpy(&n, chars + 8, 2);
+    header_size = n;
+  } else {
+    if (bytes.size() < 12) fail("preamble", "the 12-byte .npy 2.0 preamble", std::to_string(bytes.size()) + " bytes in all");
+    std::uint32_t n;
+    std::memcpy(&n, chars + 8, 4);
+    header_size = n;
+    header_begin = 12;
+  }
+  if (header_size > bytes.size() - header_begin)
+    fail("header", "a header length within the file (" + std::to_string(bytes.size() - header_begin) + " bytes after it)",
+         std::to_string(header_size));
+  const auto header = detail::npy_header_parser(std::string_view(chars + header_begin, header_size), label).parse();
+
+  stored_tensor t;
+  if (header.descr == "<f8")
+    t.type = dtype::f64;
+  else if (header.descr == "<f4")
+    t.type = dtype::f32;
+  else if (header.descr == ">f8" || header.descr == ">f4")
+    fail("descr", "little-endian data ('<f4' or '<f8')", "big-endian '" + header.descr + "'");
+  else
+    fail("descr", "dtype '<f4' (float32) or '<f8' (float64)", "'" + header.descr + "'");
+  if (header.fortran_order) fail("fortran_order", "C order (fortran_order False)", "Fortran order");
+  t.shape = header.shape;
+  std::uint64_t count = 1;
+  for (auto e : t.shape) {
+    count *= static_cast<std::uint64_t>(e);
+    if (count > (std::uint64_t{1} << 40)) fail("shape", "a tensor of at most 2^40 elements", shape_string(t.shape));
+  }
+  const std::size_t data_begin = header_begin + header_size, data_size = bytes.size() - data_begin;
+  const std::uint64_t expected_size = count * size_of(t.type);
+  if (data_size != expected_size)
+    fail("data", std::to_string(expected_size) + " bytes for shape " + shape_string(t.shape) + " of " +
+                     std::string(dtype_name(t.type)),
+         std::to_string(data_size) + " bytes");
+  t.bytes.assign(bytes.begin() + static_cast<std::ptrdiff_t>(data_begin), bytes.end());
+  return t;
+}
+
+inline stored_tensor read_npy(const std::filesystem::path& path) {
+  return parse_npy(read_file_bytes(path, "read_npy"), path.string());
+}
+
+// Version 1.0, as numpy.save writes it. float32 and float64 only.
+inline std::vector<std::byte> serialise_npy(const stored_tensor& t, const std::string& label) {
+  constexpr std::string_view where = "write_npy";
+  require(t.type == dtype::f64 || t.type == dtype::f32, where, label, "float32 or float64 data",
+          std::string(dtype_name(t.type)));
+  require(t.bytes.size() == static_cast<std::size_t>(t.size()) * size_of(t.type), where, label,
+          std::to_string(t.size() * static_cast<index_t>(size_of(t.type))) + " bytes for shape " + shape_string(t.shape),
+          std::to_string(t.bytes.size()) + " bytes");
+  std::string dims;
+  for (std::size_t i = 0; i < t.shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(t.shape[i]);
+  if (t.shape.size() == 1) dims += ',';  // (n,): a one-element tuple keeps its comma
+  std::string header = std::string("{'descr': '") + (t.type == dtype::f64 ? "<f8" : "<f4") +
+                       "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  const std::size_t unpadded = 10 + header.size() + 1;  // preamble, dict, '\n'
+  header.append((detail::npy_alignment - unpadded % detail::npy_alignment) % detail::npy_alignment, ' ');
+  header += '\n';
+  require(header.size() <= 0xffff, where, label, "a shape whose header fits .npy 1.0 (64 KiB)",
+          std::to_string(t.shape.size()) + " dimensions");
+  std::vector<std::byte> bytes(10 + header.size());
+  std::memcpy(bytes.data(), detail::npy_magic.data(), detail::npy_magic.size());
+  bytes[6] = std::byte{1};
+  bytes[7] = std::byte{0};
+  const auto n = static_cast<std::uint16_t>(header.size());
+  std::memcpy(bytes.data() + 8, &n, 2);
+  std::memcpy(bytes.data() + 10, header.data(), header.size());
+  bytes.insert(bytes.end(), t.bytes.begin(), t.bytes.end());
+  return bytes;
+}
+
+inline void write_npy(const std::filesystem::path& path, const stored_tensor& t) {
+  const auto bytes = serialise_npy(t, path.string());
+  write_atomically(path, "write_npy", [&](std::ostream& out) {
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  });
+}
+
+}  // namespace difftx::io

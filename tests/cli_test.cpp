@@ -1,0 +1,341 @@
+// The difftx tool run as a user runs it (the built binary, DIFFTX_CLI): exit
+// codes and one-line messages for each usage and bad-input class, `run`
+// reproducing a PyTorch fixture, `check` passing, and `bench` reporting what
+// it promises, with FLOPs counted by hand for small shapes.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include <difftx/difftx.hpp>
+#include <difftx/io/npy.hpp>
+#include <difftx/io/safetensors.hpp>
+#include <difftx/testing/compare.hpp>
+#include <difftx/testing/tolerance.hpp>
+
+#include "support/helpers.hpp"
+#include "support/temp_folder.hpp"
+
+using namespace difftx;
+using testing::normwise_difference;
+
+namespace {
+
+const std::filesystem::path data_dir = DIFFTX_TEST_DATA;
+const std::string fixture_weights = (data_dir / "decoder_layer.safetensors").string();
+const std::string fixture_input = (data_dir / "npy" / "decoder_layer.input.f64.npy").string();
+const std::string fixture_grad_output = (data_dir / "npy" / "decoder_layer.grad_output.f64.npy").string();
+// The decoder_layer fixture's configuration beyond what its weights say.
+const std::string fixture_flags = " --module decoder_layer --layer-index 2";
+
+struct outcome {
+  int code;
+  std::string out, err;
+};
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `difftx <args>`, capturing both streams.
+outcome difftx_cli(const std::string& args) {
+  static const test_support::temp_folder logs;
+  const auto out = logs / "stdout", err = logs / "stderr";
+  const std::string command = std::string(DIFFTX_CLI) + " " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
+  const int status = std::system(command.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
+}
+
+// The path quoted for the shell.
+std::string q(const std::filesystem::path& path) { return std::string(1, '\'').append(path.string()).append(1, '\''); }
+
+// The message is one line and contains every part.
+void check_message(const std::string& err, std::initializer_list<std::string> parts) {
+  INFO("stderr: " << err);
+  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+  for (const auto& part : parts) CHECK(err.find(part) != std::string::npos);
+}
+
+void expect_usage_error(const std::string& args, std::initializer_list<std::string> parts) {
+  INFO("difftx " << args);
+  const auto r = difftx_cli(args);
+  CHECK(r.code == 2);
+  check_message(r.err, parts);
+}
+
+// A copy of the fixture's weights with `edit` applied, written to path.
+template <class Edit>
+std::string edited_weights(const std::filesystem::path& path, Edit&& edit) {
+  auto weights = io::read_safetensors(fixture_weights);
+  edit(weights);
+  io::write_safetensors(path, weights);
+  return q(path);
+}
+
+double difference(const io::stored_tensor& ours, const io::stored_tensor& reference, double floor = 0) {
+  REQUIRE(ours.shape == reference.shape);
+  const auto a = ours.values(), b = reference.values();
+  return normwise_difference(a.data(), b.data(), static_cast<index_t>(b.size()), floor);
+}
+
+// The values of t rounded through `type` (what a module in that type holds), stored as float32.
+io::stored_tensor rounded_to(const io::stored_tensor& t, io::dtype type) {
+  return io::stored_tensor::from_values(io::dtype::f32, t.shape, io::stored_tensor::from_values(type, t.shape, t.values()).values());
+}
+
+struct run_files {
+  io::stored_tensor output, grad_input;
+  io::tensor_file grad_weights;
+};
+
+// difftx run on the given files, writing into folder; the run must succeed.
+run_files run_module(const test_support::temp_folder& folder, const std::string& weights, const std::string& input,
+                     const std::string& grad_output, const std::string& dtype) {
+  const auto r = difftx_cli("run" + fixture_flags + " --kv-heads 1 --weights " + weights + " --input " + input + " --grad-output " +
+                            grad_output + " --output " + q(folder / "y.npy") + " --grad-input " + q(folder / "dx.npy") +
+                            " --grad-weights " + q(folder / "dw.safetensors") + " --dtype " + dtype);
+  INFO("stderr: " << r.err);
+  REQUIRE(r.code == 0);
+  return {io::read_npy(folder / "y.npy"), io::read_npy(folder / "dx.npy"), io::read_safetensors(folder / "dw.safetensors")};
+}
+
+}  // namespace
+
+TEST_CASE("cli: --help exits 0 for the tool and each command") {
+  auto r = difftx_cli("--help");
+  CHECK(r.code == 0);
+  for (const char* command : {"run", "check", "bench", "Exit codes"}) CHECK(r.out.find(command) != std::string::npos);
+  r = difftx_cli("run --help");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("--grad-weights") != std::string::npos);
+  r = difftx_cli("bench --help");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("N(N+1)/2 causal") != std::string::npos);
+  CHECK(r.out.find("without the scores the") != std::string::npos);
+  CHECK(difftx_cli("check --help").code == 0);
+}
+
+TEST_CASE("cli: usage errors exit 2 with one line saying what is wrong") {
+  const std::string run = "run" + fixture_flags + " --kv-heads 1 --weights " + fixture_weights + " --input " + fixture_input +
+                          " --output /tmp/difftx_never_written.npy";
+  expect_usage_error("", {"subcommand"});
+  expect_usage_error("frobnicate", {"frobnicate"});
+  expect_usage_error("run --module decoder_layer --input x.npy --output y.npy", {"difftx run", "--weights", "required"});
+  expect_usage_error(run + " --bogus", {"--bogus"});
+  expect_usage_error(run + " --module transformer", {"--module", "transformer"});
+  expect_usage_error(run + " --policy tpu", {"difftx run: --policy: policy 'tpu' is not built into this difftx (built: ",
+                                             "reference"});
+  expect_usage_error(run + " --dtype float8", {"--dtype", "float8"});
+  expect_usage_error(run + " --heads 0", {"--heads"});
+  expect_usage_error("run" + fixture_flags + " --weights w --input x --output y --heads 4 --kv-heads 3",
+                     {"--kv-heads", "divide"});
+  expect_usage_error(run + " --grad-input dx.npy", {"--grad-input", "--grad-output"});
+  expect_usage_error("run --module attention --weights w --input x --output y", {"--heads", "attention"});
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 24 --heads 2", {"--head-dim", "6", "not built"});
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 20 --heads 3", {"--head-dim", "not divisible"});
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 16", {"--heads"});
+  CHECK_FALSE(std::filesystem::exists("/tmp/difftx_never_written.npy"));
+}
+
+TEST_CASE("cli: bad input exits 3 with one line naming the file, the tensor and what was expected, writing nothing") {
+  test_support::temp_folder folder;
+  const auto output = folder / "y.npy";
+  auto run = [&](const std::string& weights, const std::string& input, const std::string& extra = " --kv-heads 1") {
+    return difftx_cli("run" + fixture_flags + " --weights " + weights + " --input " + input + " --output " + q(output) +
+                      " --grad-output " + fixture_grad_output + " --grad-input " + q(folder / "dx.npy") + extra);
+  };
+  auto expect_bad_input = [&](const outcome& r, std::initializer_list<std::string> parts) {
+    CHECK(r.code == 3);
+    check_message(r.err, parts);
+    CHECK_FALSE(std::filesystem::exists(output));
+    CHECK_FALSE(std::filesystem::exists(folder / "dx.npy"));
+  };
+
+  SUBCASE("a missing weight") {
+    const auto w = edited_weights(folder / "w.safetensors", [](auto& f) { f.tensors.erase("attn.lambda_k2"); });
+    expect_bad_input(run(w, fixture_input), {"w.safetensors", "attn.lambda_k2", "expected a tensor named"});
+  }
+  SUBCASE("a weight of the wrong shape") {
+    const auto w = edited_weights(folder / "w.safetensors", [](auto& f) {
+      auto& t = f.tensors.at("ffn.down_proj.weight");
+      t.shape = {t.shape[1], t.shape[0]};
+    });
+    expect_bad_input(run(w, fixture_input), {"w.safetensors", "ffn.down_proj.weight", "expected shape [16, 24]", "[24, 16]"});
+  }
+  SUBCASE("weights that disagree with the flags") {
+    expect_bad_input(run(fixture_weights, fixture_input, " --kv-heads 2"),
+                     {"decoder_layer.safetensors", "attn.k_proj.weight", "with g = 2 (--kv-heads)", "[8, 16]"});
+    expect_bad_input(run(fixture_weights, fixture_input, " --heads 1 --kv-heads 1"),
+                     {"decoder_layer.safetensors", "attn.q_proj.weight", "with h = 1 (--heads) and D = 4", "[16, 16]"});
+  }
+  SUBCASE("an input of the wrong shape") {
+    const auto x = (data_dir / "npy" / "diff_attn_causal.input.q.f64.npy").string();
+    expect_bad_input(run(fixture_weights, x), {"diff_attn_causal.input.q.f64.npy: input", "expected shape [B, N, 16]",
+                                               "[2, 5, 4, 2, 4]"});
+  }
+  SUBCASE("a grad_output of another shape than the output") {
+    const auto dy = io::read_npy(fixture_grad_output);
+    io::write_npy(folder / "dy.npy", io::stored_tensor::from_values(dy.type, {1, 12, 16}, dy.values()));
+    const auto r = difftx_cli("run" + fixture_flags + " --kv-heads 1 --weights " + fixture_weights + " --input " +
+                              fixture_input + " --output " + q(output) + " --grad-output " + q(folder / "dy.npy"));
+    expect_bad_input(r, {"dy.npy: grad_output", "shape [2, 6, 16]", "[1, 12, 16]"});
+  }
+  SUBCASE("unreadable files") {
+    expect_bad_input(run(q(folder / "none.safetensors"), fixture_input), {"none.safetensors", "a readable file", "no such file"});
+    expect_bad_input(run(fixture_weights, q(folder.path())), {folder.path().string(), "not a regular file"});
+  }
+  SUBCASE("malformed files") {
+    auto bytes = io::read_file_bytes(fixture_input, "test");
+    bytes.resize(bytes.size() - 8);
+    std::ofstream(folder / "cut.npy", std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    expect_bad_input(run(fixture_weights, q(folder / "cut.npy")),
+                     {"cut.npy: data", "expected 1536 bytes for shape [2, 6, 16] of float64", "1528 bytes"});
+    expect_bad_input(run(fixture_input, fixture_input), {"decoder_layer.input.f64.npy: header", "a header size within the file"});
+  }
+  SUBCASE("non-finite values") {
+    auto x = io::read_npy(fixture_input);
+    auto values = x.values();
+    values[17] = std::numeric_limits<double>::quiet_NaN();
+    io::write_npy(folder / "nan.npy", io::stored_tensor::from_values(io::dtype::f64, x.shape, values));
+    expect_bad_input(run(fixture_weights, q(folder / "nan.npy")),
+                     {"nan.npy: input as float32", "expected finite values", "nan at flat index 17"});
+    const auto w = edited_weights(folder / "w.safetensors", [](auto& f) {
+      auto& t = f.tensors.at("attn.q_proj.weight");
+      auto v = t.values();
+      v[3] = std::numeric_limits<double>::infinity();
+      t = io::stored_tensor::from_values(t.type, t.shape, v);
+    });
+    expect_bad_input(run(w, fixture_input), {"w.safetensors: attn.q_proj.weight as float32", "finite", "inf at flat index 3"});
+    // Finite in the file, but not in the module's type.
+    const auto big = edited_weights(folder / "big.safetensors", [](auto& f) {
+      auto& t = f.tensors.at("ffn_norm.weight");
+      auto v = t.values();
+      v[0] = 1e6;
+      t = io::stored_tensor::from_values(t.type, t.shape, v);
+    });
+    expect_bad_input(run(big, fixture_input, " --kv-heads 1 --dtype float16"), {"big.safetensors: ffn_norm.weight as float16", "inf"});
+  }
+  CHECK(folder.files().size() <= 4);  // only the inputs this test wrote: no output, no temporary
+  for (const auto& name : folder.files()) CHECK(name.find(".tmp") == std::string::npos);
+}
+
+TEST_CASE("cli: run reproduces the PyTorch fixture to 1e-10 in float64, on the default policy and the reference") {
+  test_support::temp_folder folder;
+  const auto f = io::read_safetensors(fixture_weights);
+  for (const std::string policy : {"", " --policy reference"}) {
+    INFO("policy flag: '" << policy << "'");
+    const auto r = run_module(folder, fixture_weights, fixture_input, fixture_grad_output, "float64" + policy);
+    CHECK(r.output.type == io::dtype::f64);
+    double worst = difference(r.output, f.at("output", "test", "fixture"));
+    worst = std::max(worst, difference(r.grad_input, f.at("grad_input", "test", "fixture")));
+    std::size_t gradients = 0;
+    for (const auto& [name, t] : f.tensors)
+      if (name.rfind("grad.", 0) == 0) {
+        INFO(name);
+        worst = std::max(worst, difference(r.grad_weights.at(name.substr(5), "test", "dw"), t));
+        ++gradients;
+      }
+    CHECK(gradients == r.grad_weights.tensors.size());  // every parameter, under the weights' names
+    MESSAGE("worst difference" << policy << " over the output, grad_input and " << gradients
+                               << " weight gradients: " << worst);
+    CHECK(worst < 1e-10);
+  }
+}
+
+// Gradients per tensor against at least a tenth of the largest gradient, as
+// every suite compares them (testing::gradient_floor_fraction): the lambda
+// gradients cancel to ~2e-3 of the case's scale (0.2 against 93 here).
+TEST_CASE("cli: run in float32, bfloat16 and float16 stays within tolerance of a float64 run on the same files") {
+  test_support::temp_folder folder;
+  const auto x = io::read_npy(fixture_input), dy = io::read_npy(fixture_grad_output);
+  const auto fixture = io::read_safetensors(fixture_weights);
+  auto check_type = [&](auto tolerance, io::dtype type, const char* suffix) {
+    INFO(io::dtype_name(type));
+    const std::string weights = (data_dir / ("decoder_layer.weights." + std::string(suffix) + ".safetensors")).string();
+    io::write_npy(folder / "x.npy", rounded_to(x, type));
+    io::write_npy(folder / "dy.npy", rounded_to(dy, type));
+    const auto reference = run_module(folder, weights, q(folder / "x.npy"), q(folder / "dy.npy"), "float64");
+    const auto ours = run_module(folder, weights, q(folder / "x.npy"), q(folder / "dy.npy"), std::string(io::dtype_name(type)));
+    CHECK(ours.output.type == io::dtype::f32);
+    const double forward = difference(ours.output, reference.output);
+    double scale = testing::max_abs(reference.grad_input.values().data(), reference.grad_input.size());
+    for (const auto& [name, t] : reference.grad_weights.tensors) scale = std::max(scale, testing::max_abs(t.values().data(), t.size()));
+    const double floor = testing::gradient_floor_fraction * scale;
+    double backward = difference(ours.grad_input, reference.grad_input, floor);
+    for (const auto& [name, t] : reference.grad_weights.tensors)
+      backward = std::max(backward, difference(ours.grad_weights.at(name, "test", "dw"), t, floor));
+    MESSAGE(io::dtype_name(type) << ": output " << forward << " (bar " << tolerance.forward << "), gradients " << backward
+                                 << " (bar " << tolerance.backward << "); output vs the float64 fixture "
+                                 << difference(ours.output, fixture.at("output", "test", "fixture")));
+    CHECK(forward <= tolerance.forward);
+    CHECK(backward <= tolerance.backward);
+  };
+  check_type(testing::tolerance<float>{}, io::dtype::f32, "f32");
+  check_type(testing::tolerance<Eigen::bfloat16>{}, io::dtype::bf16, "bf16");
+  check_type(testing::tolerance<Eigen::half>{}, io::dtype::f16, "f16");
+}
+
+TEST_CASE("cli: check passes on every policy built") {
+  const auto r = difftx_cli("check");
+  INFO(r.out << r.err);
+  CHECK(r.code == 0);
+  for (const char* module : {"rmsnorm", "swiglu", "multihead", "attention", "decoder_layer", "decoder_stack"})
+    CHECK(r.out.find("| " + std::string(module)) != std::string::npos);
+  CHECK(r.out.find("checks pass") != std::string::npos);
+  CHECK(r.out.find("FAIL") == std::string::npos);
+}
+
+TEST_CASE("cli: bench prints medians, tokens/s and GFLOP/s, and --json the promised fields") {
+  auto r = difftx_cli("bench --module decoder_layer --batch 1 --seq 8 --d-model 16 --heads 2 --backward --repeats 3");
+  CHECK(r.code == 0);
+  for (const char* word : {"forward+backward", "median ms", "tokens/s", "GFLOP/s"}) CHECK(r.out.find(word) != std::string::npos);
+
+  r = difftx_cli("bench --module decoder_layer --batch 2 --seq 8 --d-model 16 --heads 2 --kv-heads 1 --backward --json "
+                 "--repeats 3 --dtype bfloat16");
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("forward_ms").get<double>() > 0);
+  CHECK(j.at("forward_backward_ms").get<double>() > 0);
+  CHECK(j.at("module") == "decoder_layer");
+  CHECK(j.at("policy").is_string());
+  CHECK(j.at("dtype") == "bfloat16");
+  CHECK(j.at("threads").get<int>() >= 1);
+  CHECK(j.at("batch") == 2);
+  CHECK(j.at("seq") == 8);
+  CHECK(j.at("d_model") == 16);
+  CHECK(j.at("heads") == 2);
+  CHECK(j.at("kv_heads") == 1);
+  CHECK(j.at("head_dim") == 4);
+  CHECK(j.at("ffn_dim") == 64);
+  CHECK(difftx_cli("bench --module rmsnorm --batch 1 --seq 8 --d-model 16 --json").out.find("\"forward_gflops\":null") !=
+        std::string::npos);
+}
+
+TEST_CASE("cli: bench counts FLOPs as documented (checked by hand on small shapes)") {
+  auto flops = [](const std::string& args) {
+    const auto r = difftx_cli("bench --batch 1 --seq 4 --d-model 8 --json --repeats 1 --backward " + args);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    return std::pair{j.at("forward_flops").get<double>(), j.at("backward_flops").get<double>()};
+  };
+  // Projections on 4 tokens, 8 -> 8: 2·4·8·8 = 512 forward, 1024 backward, four of them.
+  // multihead h = g = 1, D = 4: P = 4·5/2 = 10 causal pairs, two maps with d = 4, dv = 8:
+  //   forward 10·2·(2·4 + 2·8) = 480; backward 10·(4·8 + 2·4·4) = 640.
+  CHECK(flops("--module multihead --heads 1") == std::pair{2048.0 + 480.0, 4096.0 + 640.0});
+  // attention H = G = 2, D = 4, not causal: P = 16 per head, one map, d = dv = 4:
+  //   forward 2·16·(2·4 + 2·4) = 512; backward 2·16·(4·4 + 4·4) = 1024.
+  CHECK(flops("--module attention --heads 2 --no-causal") == std::pair{2048.0 + 512.0, 4096.0 + 1024.0});
+  // swiglu F = 64 (8·8/3 rounded up to 64): three projections of 2·4·8·64 = 4096.
+  CHECK(flops("--module swiglu") == std::pair{3 * 4096.0, 6 * 4096.0});
+  CHECK(flops("--module decoder_layer --heads 1") == std::pair{2528.0 + 3 * 4096.0, 4736.0 + 6 * 4096.0});
+}

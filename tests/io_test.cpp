@@ -1,0 +1,373 @@
+// File I/O: safetensors and .npy round trips in every dtype and rank; the
+// files tools/make_fixtures.py wrote with numpy and torch, read and matched;
+// every malformed-file class rejected with the documented input_error; and
+// writers that fail leave neither a file nor a temporary behind.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include <difftx/difftx.hpp>
+#include <difftx/io/npy.hpp>
+#include <difftx/io/parameters.hpp>
+#include <difftx/io/safetensors.hpp>
+
+#include "support/helpers.hpp"
+#include "support/temp_folder.hpp"
+
+using namespace difftx;
+using test_support::expect_input_error;
+
+namespace {
+
+const std::filesystem::path data_dir = DIFFTX_TEST_DATA;
+constexpr io::dtype all_types[] = {io::dtype::f64, io::dtype::f32, io::dtype::f16, io::dtype::bf16};
+
+// n normal values, rounded to t so a file of type t holds them exactly.
+std::vector<double> values_in(io::dtype t, std::size_t n, std::uint64_t seed) {
+  random_stream rng(seed);
+  std::vector<double> v(n);
+  for (auto& e : v) e = rng.normal();
+  return io::stored_tensor::from_values(t, {static_cast<index_t>(n)}, v).values();
+}
+
+std::vector<std::byte> bytes_of(const std::string& s) {
+  std::vector<std::byte> b(s.size());
+  std::memcpy(b.data(), s.data(), s.size());
+  return b;
+}
+
+void write_bytes(const std::filesystem::path& path, const std::vector<std::byte>& bytes) {
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A safetensors file: u64 header size (the real one unless given), header, data_size zero bytes.
+std::vector<std::byte> safetensors_bytes(const std::string& header, std::size_t data_size, std::uint64_t header_size = 0) {
+  const std::uint64_t n = header_size ? header_size : header.size();
+  std::string s(8, '\0');
+  std::memcpy(s.data(), &n, 8);
+  return bytes_of(s + header + std::string(data_size, '\0'));
+}
+
+// An .npy file: magic, version, header length, the dict padded with spaces and '\n', data_size zero bytes.
+std::vector<std::byte> npy_bytes(const std::string& dict, std::size_t data_size, int major = 1, int minor = 0) {
+  std::string header = dict;
+  const std::size_t preamble = major == 1 ? 10 : 12;
+  header.append(63 - (preamble + header.size()) % 64, ' ');
+  header += '\n';
+  std::string s = "\x93NUMPY";
+  s += static_cast<char>(major);
+  s += static_cast<char>(minor);
+  const std::uint32_t n = static_cast<std::uint32_t>(header.size());
+  s.append(reinterpret_cast<const char*>(&n), preamble - 8);
+  return bytes_of(s + header + std::string(data_size, '\0'));
+}
+
+template <class Module>
+std::vector<double> parameter_values(Module& m) {
+  std::vector<double> all;
+  for (const auto& p : m.parameters())
+    for (index_t i = 0; i < p.size(); ++i) all.push_back(scalar_traits<typename Module::value_type>::to_double(p.value[i]));
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: every dtype, with metadata, an empty and a rank-0 tensor, round-trips through a file") {
+  test_support::temp_folder folder;
+  io::tensor_file f;
+  f.metadata = {{"module", "decoder_layer"}, {"d_model", "16"}};
+  std::uint64_t seed = 1;
+  for (auto t : all_types)
+    f.tensors["w." + std::string(io::dtype_name(t))] = io::stored_tensor::from_values(t, {2, 3}, values_in(t, 6, seed++));
+  f.tensors["scalar"] = io::stored_tensor::from_values(io::dtype::f64, {}, {0.25});
+  f.tensors["empty"] = io::stored_tensor::from_values(io::dtype::f32, {0, 4}, {});
+  io::write_safetensors(folder / "w.safetensors", f);
+  CHECK(folder.files() == std::vector<std::string>{"w.safetensors"});
+
+  const auto back = io::read_safetensors(folder / "w.safetensors");
+  CHECK(back.metadata == f.metadata);
+  REQUIRE(back.tensors.size() == f.tensors.size());
+  for (const auto& [name, t] : f.tensors) {
+    INFO(name);
+    const auto& b = back.at(name, "test", "w.safetensors");
+    CHECK(b.type == t.type);
+    CHECK(b.shape == t.shape);
+    CHECK(b.bytes == t.bytes);
+  }
+}
+
+TEST_CASE(".npy: float32 and float64 of every rank round-trip, with numpy's header layout") {
+  test_support::temp_folder folder;
+  const std::vector<std::vector<index_t>> shapes{{}, {5}, {2, 3}, {2, 3, 4}, {1, 2, 1, 3, 2}, {0, 3}};
+  for (auto t : {io::dtype::f64, io::dtype::f32})
+    for (const auto& shape : shapes) {
+      const io::stored_tensor original{t, shape, {}};
+      const auto values = values_in(t, static_cast<std::size_t>(original.size()), 7);
+      const auto stored = io::stored_tensor::from_values(t, shape, values);
+      const auto path = folder / "a.npy";
+      io::write_npy(path, stored);
+      const auto back = io::read_npy(path);
+      INFO(io::dtype_name(t) << " " << shape_string(shape));
+      CHECK(back.type == t);
+      CHECK(back.shape == shape);
+      CHECK(back.values() == values);
+      // numpy.save's layout: version 1.0, data aligned to 64 bytes, "(n,)" for one dimension.
+      const auto bytes = io::read_file_bytes(path, "test");
+      std::uint16_t header_size;
+      std::memcpy(&header_size, bytes.data() + 8, 2);
+      CHECK((10 + header_size) % 64 == 0);
+      const std::string header(reinterpret_cast<const char*>(bytes.data()) + 10, header_size);
+      if (shape.size() == 1) CHECK(header.find("'shape': (5,)") != std::string::npos);
+      if (shape.empty()) CHECK(header.find("'shape': ()") != std::string::npos);
+      CHECK(header.back() == '\n');
+    }
+  CHECK(folder.files() == std::vector<std::string>{"a.npy"});
+}
+
+TEST_CASE("module weights and gradients round-trip under the spec's names in every dtype") {
+  test_support::temp_folder folder;
+  DecoderLayer<double, 4> layer({{.d_model = 16, .heads = 2, .kv_heads = 1}, 24});
+  test_support::randomise_parameters(layer, 3);
+  auto x = test_support::random_tensor<double, 3>({1, 4, 16}, 4);
+  Tensor<double, 3> y(x.shape()), dx(x.shape());
+  DecoderLayer<double, 4>::saved_type saved;
+  layer.forward(x.view(), y.view(), saved);
+  layer.backward(x.view(), y.view(), saved, dx.view());
+
+  for (auto t : all_types) {
+    INFO(io::dtype_name(t));
+    io::tensor_file weights, grads;
+    io::store_parameters(weights, layer, t);
+    io::store_gradients(grads, layer, t);
+    io::write_safetensors(folder / "w.safetensors", weights);
+    io::write_safetensors(folder / "dw.safetensors", grads);
+    const auto weights_back = io::read_safetensors(folder / "w.safetensors");
+    const auto grads_back = io::read_safetensors(folder / "dw.safetensors");
+
+    DecoderLayer<double, 4> loaded({{.d_model = 16, .heads = 2, .kv_heads = 1}, 24});
+    io::load_parameters(loaded, weights_back, "w.safetensors");
+    for (const auto& p : layer.parameters()) {
+      INFO(p.name);
+      const auto rounded = io::stored_tensor::from_values(t, p.shape, std::vector<double>(p.value, p.value + p.size()));
+      const auto rounded_grad = io::stored_tensor::from_values(t, p.shape, std::vector<double>(p.grad, p.grad + p.size()));
+      CHECK(weights_back.at(p.name, "test", "w").bytes == rounded.bytes);
+      CHECK(grads_back.at(p.name, "test", "dw").bytes == rounded_grad.bytes);
+      CHECK(grads_back.at(p.name, "test", "dw").shape == p.shape);
+    }
+    CHECK(grads_back.tensors.size() == layer.parameters().size());
+    auto loaded_params = loaded.parameters();
+    for (std::size_t i = 0; i < loaded_params.size(); ++i) {
+      const auto& p = loaded_params[i];
+      CHECK(std::vector<double>(p.value, p.value + p.size()) == weights_back.at(p.name, "test", "w").values());
+    }
+  }
+}
+
+TEST_CASE("PyTorch fixtures: the .npy files numpy wrote match the safetensors fixture") {
+  const auto f = io::read_safetensors(data_dir / "decoder_layer.safetensors");
+  for (const char* name : {"input", "grad_output", "output", "grad_input"}) {
+    INFO(name);
+    const auto& expected = f.at(name, "test", "decoder_layer");
+    const auto f64 = io::read_npy(data_dir / "npy" / ("decoder_layer." + std::string(name) + ".f64.npy"));
+    CHECK(f64.type == io::dtype::f64);
+    CHECK(f64.shape == expected.shape);
+    CHECK(f64.bytes == expected.bytes);
+    const auto f32 = io::read_npy(data_dir / "npy" / ("decoder_layer." + std::string(name) + ".f32.npy"));
+    CHECK(f32.type == io::dtype::f32);
+    CHECK(f32.shape == expected.shape);
+    CHECK(f32.bytes == io::stored_tensor::from_values(io::dtype::f32, expected.shape, expected.values()).bytes);
+  }
+  const auto attn = io::read_safetensors(data_dir / "diff_attn_causal.safetensors");
+  const auto q = io::read_npy(data_dir / "npy" / "diff_attn_causal.input.q.f64.npy");
+  CHECK(q.shape.size() == 5);
+  CHECK(q.shape == attn.at("input.q", "test", "diff_attn_causal").shape);
+  CHECK(q.bytes == attn.at("input.q", "test", "diff_attn_causal").bytes);
+  const auto lambda = io::read_npy(data_dir / "npy" / "diff_attn_causal.lambda.f64.npy");
+  CHECK(lambda.shape.empty());
+  CHECK(lambda.values() == std::vector<double>{std::stod(attn.meta("lambda", "test", "diff_attn_causal"))});
+}
+
+TEST_CASE("PyTorch fixtures: F32, F16 and BF16 weights torch converted match ours and load into a module") {
+  const auto f64 = io::read_safetensors(data_dir / "decoder_layer.safetensors");
+  DecoderLayer<float, 4> layer({{.d_model = 16, .heads = 2, .kv_heads = 1, .layer_index = 2}, 24});
+  for (auto [t, suffix] : {std::pair{io::dtype::f32, "f32"}, {io::dtype::f16, "f16"}, {io::dtype::bf16, "bf16"}}) {
+    INFO(suffix);
+    const auto typed = io::read_safetensors(data_dir / ("decoder_layer.weights." + std::string(suffix) + ".safetensors"));
+    CHECK(typed.metadata == f64.metadata);
+    CHECK(typed.tensors.size() == layer.parameters().size());
+    for (const auto& [name, stored] : typed.tensors) {
+      INFO(name);
+      CHECK(stored.type == t);
+      const auto& reference = f64.at(name, "test", "decoder_layer");
+      CHECK(stored.shape == reference.shape);
+      CHECK(stored.bytes == io::stored_tensor::from_values(t, reference.shape, reference.values()).bytes);
+    }
+    io::load_parameters(layer, typed, suffix);
+    for (const auto& p : layer.parameters())
+      for (index_t i = 0; i < p.size(); ++i) REQUIRE(p.value[i] == static_cast<float>(typed.at(p.name, "test", suffix).values()[static_cast<std::size_t>(i)]));
+  }
+}
+
+TEST_CASE("malformed safetensors are rejected with the documented error") {
+  const std::string label = "bad.safetensors";
+  auto parse = [&](const std::vector<std::byte>& bytes) { return [=] { io::parse_safetensors(bytes, label); }; };
+  SUBCASE("shorter than the header size") {
+    expect_input_error(parse(bytes_of("abcd")), "read_safetensors", label + ": header", "an 8-byte header size", "4 bytes");
+  }
+  SUBCASE("header size past the end") {
+    expect_input_error(parse(safetensors_bytes("{}", 10, 1000)), "read_safetensors", label + ": header",
+                       "a header size within the file (12 bytes after it)", "1000");
+  }
+  SUBCASE("truncated header") {
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_off)", 8)), "read_safetensors",
+                       label + ": header", "valid JSON", "parse error");
+  }
+  SUBCASE("offsets out of range") {
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4)),
+                       "read_safetensors", label + ": w", "data_offsets within the 4 data bytes", "[0,8]");
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8)),
+                       "read_safetensors", label + ": w", "data_offsets within", "[8,0]");
+  }
+  SUBCASE("overlapping tensors") {
+    expect_input_error(parse(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                               R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                               12)),
+                       "read_safetensors", label + ": b", "not overlapping", "offset 4");
+  }
+  SUBCASE("data not covered by any tensor") {
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12)),
+                       "read_safetensors", label + ": data", "8 data bytes", "12");
+  }
+  SUBCASE("unknown dtype") {
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}})", 8)),
+                       "read_safetensors", label + ": w", "dtype F64, F32, F16 or BF16", "\"I32\"");
+  }
+  SUBCASE("shape and size disagree") {
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
+                       "read_safetensors", label + ": w", "12 bytes for shape [3] of F32", "8 bytes");
+  }
+  SUBCASE("missing or misshapen weights: load_parameters changes nothing") {
+    RMSNorm<double> norm(2);
+    const auto before = parameter_values(norm);
+    io::tensor_file f;
+    f.tensors["bias"] = io::stored_tensor::from_values(io::dtype::f32, {2}, {1.0, 2.0});
+    expect_input_error([&] { io::load_parameters(norm, f, label); }, "load_parameters", "weight",
+                       "a tensor named 'weight' in " + label, "no such tensor");
+    f.tensors["weight"] = io::stored_tensor::from_values(io::dtype::f32, {3}, {1.0, 2.0, 3.0});
+    expect_input_error([&] { io::load_parameters(norm, f, label); }, "load_parameters", "weight", "shape [2] in " + label,
+                       "shape [3]");
+    CHECK(parameter_values(norm) == before);
+  }
+}
+
+TEST_CASE("malformed .npy files are rejected with the documented error") {
+  const std::string label = "bad.npy";
+  const std::string f4_23 = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+  auto parse = [&](const std::vector<std::byte>& bytes) { return [=] { io::parse_npy(bytes, label); }; };
+  SUBCASE("a well-formed file parses, in versions 1.0, 2.0 and 3.0, with keys in any order") {
+    for (int major : {1, 2, 3}) CHECK(io::parse_npy(npy_bytes(f4_23, 24, major), label).shape == std::vector<index_t>{2, 3});
+    const auto t = io::parse_npy(npy_bytes("{\"shape\": (4,), \"descr\": '<f8', 'fortran_order': False}", 32), label);
+    CHECK(t.type == io::dtype::f64);
+    CHECK(t.shape == std::vector<index_t>{4});
+  }
+  SUBCASE("too short, bad magic, unsupported version") {
+    expect_input_error(parse(bytes_of("\x93NUMPY")), "read_npy", label + ": preamble", "the 10-byte .npy preamble", "6 bytes");
+    auto bytes = npy_bytes(f4_23, 24);
+    bytes[5] = std::byte{'X'};
+    expect_input_error(parse(bytes), "read_npy", label + ": preamble", "magic", "other bytes");
+    expect_input_error(parse(npy_bytes(f4_23, 24, 4)), "read_npy", label + ": version", "1.0, 2.0 or 3.0", "4.0");
+    expect_input_error(parse(npy_bytes(f4_23, 24, 1, 1)), "read_npy", label + ": version", "1.0, 2.0 or 3.0", "1.1");
+  }
+  SUBCASE("header length past the end") {
+    auto bytes = npy_bytes(f4_23, 0);
+    bytes.resize(40);
+    expect_input_error(parse(bytes), "read_npy", label + ": header", "a header length within the file (30 bytes after it)",
+                       "118");
+  }
+  SUBCASE("Fortran order") {
+    expect_input_error(parse(npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", 24)), "read_npy",
+                       label + ": fortran_order", "C order", "Fortran order");
+  }
+  SUBCASE("big-endian and unsupported dtypes") {
+    expect_input_error(parse(npy_bytes("{'descr': '>f8', 'fortran_order': False, 'shape': (2,), }", 16)), "read_npy",
+                       label + ": descr", "little-endian", "big-endian '>f8'");
+    for (const char* descr : {"<i4", "<f2", "|u1", "<c16"})
+      expect_input_error(parse(npy_bytes(std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2,), }", 8)),
+                         "read_npy", label + ": descr", "'<f4' (float32) or '<f8' (float64)", descr);
+  }
+  SUBCASE("truncated or overlong data") {
+    expect_input_error(parse(npy_bytes(f4_23, 20)), "read_npy", label + ": data", "24 bytes for shape [2, 3] of float32",
+                       "20 bytes");
+    expect_input_error(parse(npy_bytes(f4_23, 28)), "read_npy", label + ": data", "24 bytes", "28 bytes");
+  }
+  SUBCASE("the header's grammar, strictly") {
+    const std::string header = label + ": header";
+    expect_input_error(parse(npy_bytes("{'descr': '<f4', 'fortran_order': False}", 4)), "read_npy", header, "the keys",
+                       "no 'shape'");
+    expect_input_error(parse(npy_bytes("{'descr': '<f4', 'descr': '<f4', 'shape': (1,)}", 4)), "read_npy", header,
+                       "each of 'descr', 'fortran_order' and 'shape' once", "key 'descr'");
+    expect_input_error(parse(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", 4)), "read_npy",
+                       header, "once", "key 'x'");
+    expect_input_error(parse(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (3)}", 12)), "read_npy", header,
+                       "'(n,)' for one dimension", "not a tuple");
+    expect_input_error(parse(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}", 4)), "read_npy", header,
+                       "non-negative integer", "'-'");
+    expect_input_error(parse(npy_bytes("{'descr': '<f4', 'fortran_order': 0, 'shape': (1,)}", 4)), "read_npy", header,
+                       "True or False", "'0'");
+    expect_input_error(parse(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1,)} x", 4)), "read_npy", header,
+                       "only spaces and a newline after the dict", "'x'");
+    expect_input_error(parse(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1,)", 4)), "read_npy", header,
+                       "',' or '}'", "the end of the header");
+    expect_input_error(parse(npy_bytes("{'descr: '<f4'}", 4)), "read_npy", header, "':' after the key", "'<'");
+  }
+  SUBCASE("from a file: a truncated one names the file") {
+    test_support::temp_folder folder;
+    auto bytes = npy_bytes(f4_23, 24);
+    bytes.resize(bytes.size() - 3);
+    write_bytes(folder / "cut.npy", bytes);
+    expect_input_error([&] { io::read_npy(folder / "cut.npy"); }, "read_npy", (folder / "cut.npy").string() + ": data",
+                       "24 bytes", "21 bytes");
+    expect_input_error([&] { io::read_npy(folder / "none.npy"); }, "read_npy", (folder / "none.npy").string(),
+                       "a readable file", "no such file");
+    expect_input_error([&] { io::read_safetensors(folder.path()); }, "read_safetensors", folder.path().string(),
+                       "a readable file", "not a regular file");
+  }
+}
+
+TEST_CASE("a writer that fails leaves neither a file nor a temporary, and keeps the old file") {
+  test_support::temp_folder folder;
+  const auto old = io::stored_tensor::from_values(io::dtype::f32, {2}, {1.0, 2.0});
+  io::write_npy(folder / "y.npy", old);
+  const auto old_bytes = io::read_file_bytes(folder / "y.npy", "test");
+
+  SUBCASE("a dtype .npy cannot hold") {
+    expect_input_error([&] { io::write_npy(folder / "y.npy", io::stored_tensor::from_values(io::dtype::bf16, {2}, {1.0, 2.0})); },
+                       "write_npy", (folder / "y.npy").string(), "float32 or float64 data", "bfloat16");
+  }
+  SUBCASE("a folder that does not exist") {
+    expect_input_error([&] { io::write_npy(folder / "missing" / "y.npy", old); }, "write_npy",
+                       (folder / "missing" / "y.npy").string(), "a path in an existing folder", "no folder");
+  }
+  SUBCASE("a target that cannot be replaced (a folder)") {
+    std::filesystem::create_directory(folder / "taken.safetensors");
+    io::tensor_file f;
+    f.tensors["w"] = old;
+    expect_input_error([&] { io::write_safetensors(folder / "taken.safetensors", f); }, "write_safetensors",
+                       (folder / "taken.safetensors").string(), "a file that can be replaced", "");
+    CHECK(std::filesystem::is_directory(folder / "taken.safetensors"));
+    std::filesystem::remove(folder / "taken.safetensors");
+  }
+  SUBCASE("a writer that throws half way") {
+    CHECK_THROWS_AS(io::write_atomically(folder / "z.npy", "test",
+                                         [](std::ostream& out) {
+                                           out << "half";
+                                           throw std::runtime_error("disk full");
+                                         }),
+                    std::runtime_error);
+  }
+  CHECK(folder.files() == std::vector<std::string>{"y.npy"});
+  CHECK(io::read_file_bytes(folder / "y.npy", "test") == old_bytes);
+}

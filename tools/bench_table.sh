@@ -1,0 +1,30 @@
+#!/bin/sh
+# The README's benchmark table: `difftx bench` on a fixed set of shapes,
+# forward and forward + backward, as one Markdown table (a second on simd, about
+# 30 s on the reference policy, on 2 cores).
+#   tools/bench_table.sh [path/to/difftx [more bench flags, e.g. --policy reference]]
+set -eu
+difftx=${1:-build/release/tools/difftx}
+[ $# -gt 0 ] && shift
+
+# One value of the one-line JSON object `bench --json` prints (keys are unique).
+field() { printf '%s\n' "$1" | sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p"; }
+
+echo "| module | policy | threads | dtype | B | N | C | heads | D | forward ms | fwd+bwd ms | tokens/s fwd | GFLOP/s fwd | GFLOP/s fwd+bwd |"
+echo "|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+# module dtype B N C heads: a differential layer with h heads of 2 x D and its
+# matched baseline (attention with 2h heads of D) at the same width.
+while read -r module dtype batch seq width heads; do
+  json=$("$difftx" bench --module "$module" --dtype "$dtype" --batch "$batch" --seq "$seq" --d-model "$width" \
+         --heads "$heads" --backward --repeats 3 --json "$@")
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.0f | %.2f | %.2f |\n' "$module" \
+    "$(field "$json" policy)" "$(field "$json" threads)" "$dtype" "$batch" "$seq" "$width" "$heads" "$(field "$json" head_dim)" \
+    "$(field "$json" forward_ms)" "$(field "$json" forward_backward_ms)" "$(field "$json" forward_tokens_per_s)" \
+    "$(field "$json" forward_gflops)" "$(field "$json" forward_backward_gflops)"
+done <<SHAPES
+multihead float32 1 256 256 4
+attention float32 1 256 256 8
+decoder_layer float32 1 256 256 4
+decoder_layer bfloat16 1 256 256 4
+decoder_layer float32 2 512 256 4
+SHAPES

@@ -1,0 +1,149 @@
+// difftx run: one module on weights from a safetensors file and an input from
+// an .npy file; writes the output and, given dY, the input and weight gradients.
+#include <algorithm>
+#include <memory>
+
+#include <difftx/io/npy.hpp>
+#include <difftx/io/safetensors.hpp>
+
+#include "commands.hpp"
+#include "runner.hpp"
+
+namespace difftx::cli {
+
+namespace {
+
+struct run_options {
+  std::string module, weights, input, output, grad_output, grad_input, grad_weights;
+  index_t heads = 0;     // 0: from the weights (lambda_q1 gives D)
+  index_t kv_heads = 0;  // 0: as many as heads
+  index_t layer_index = 0, ffn_dim = 0;
+  double rope_theta = 10000.0, eps = 1e-5;
+  bool no_causal = false;
+  int threads = 0;
+  std::string dtype, policy;
+};
+
+// C, D, F and (unless given) the head count from the weight shapes, each
+// checked against the others, so a wrong --heads or a wrong file says which.
+module_spec spec_from_weights(const run_options& o, const io::tensor_file& weights) {
+  const std::string& label = o.weights;
+  module_spec s{.kind = o.module, .heads = o.heads, .kv_heads = o.kv_heads, .layer_index = o.layer_index,
+                .ffn_dim = o.ffn_dim, .rope_theta = o.rope_theta, .eps = o.eps, .causal = !o.no_causal,
+                .threads = o.threads};
+  auto shape_of = [&](const std::string& name, std::size_t rank) {
+    const auto& shape = weights.at(name, "run", label).shape;
+    require(shape.size() == rank && std::all_of(shape.begin(), shape.end(), [](index_t e) { return e > 0; }), "run",
+            label + ": " + name, rank == 1 ? "a non-empty vector [n]" : "a non-empty matrix [rows, columns]",
+            "shape " + shape_string(shape));
+    return shape;
+  };
+  const std::string attn = o.module == "decoder_layer" ? "attn." : "", ffn = o.module == "decoder_layer" ? "ffn." : "";
+  if (o.module == "rmsnorm") {
+    s.d_model = shape_of("weight", 1)[0];
+    return s;
+  }
+  if (o.module == "swiglu" || o.module == "decoder_layer") {
+    const auto gate = shape_of(ffn + "gate_proj.weight", 2);  // [F, C]
+    require(o.ffn_dim == 0 || o.ffn_dim == gate[0], "run", label + ": " + ffn + "gate_proj.weight",
+            "shape [F, C] with F = " + std::to_string(o.ffn_dim) + " (--ffn-dim)", "shape " + shape_string(gate));
+    s.ffn_dim = gate[0];
+    s.d_model = gate[1];
+    if (o.module == "swiglu") return s;
+  }
+  const auto q = shape_of(attn + "q_proj.weight", 2);  // [2hD, C] (attention: [HD, C])
+  s.d_model = q[1];
+  const std::string q_name = label + ": " + attn + "q_proj.weight";
+  const index_t maps = is_differential(o.module) ? 2 : 1;
+  if (maps == 2) {
+    s.head_dim = shape_of(attn + "lambda_q1", 1)[0];
+    if (s.heads == 0) s.heads = std::max<index_t>(1, q[0] / (2 * s.head_dim));
+    require(q[0] == 2 * s.heads * s.head_dim, "run", q_name,
+            std::to_string(2 * s.heads * s.head_dim) + " rows = 2·h·D with h = " + std::to_string(s.heads) +
+                (o.heads ? " (--heads)" : "") + " and D = " + std::to_string(s.head_dim) + " (from lambda_q1)",
+            "shape " + shape_string(q));
+  } else {
+    require(q[0] % s.heads == 0, "run", q_name,
+            "rows = H·D divisible by H = " + std::to_string(s.heads) + " (--heads)", "shape " + shape_string(q));
+    s.head_dim = q[0] / s.heads;
+  }
+  if (s.kv_heads == 0) s.kv_heads = s.heads;
+  const auto k = shape_of(attn + "k_proj.weight", 2);
+  require(k[0] == maps * s.kv_heads * s.head_dim, "run", label + ": " + attn + "k_proj.weight",
+          std::to_string(maps * s.kv_heads * s.head_dim) + " rows = " + (maps == 2 ? "2·g·D" : "G·D") + " with " +
+              (maps == 2 ? "g = " : "G = ") + std::to_string(s.kv_heads) +
+              (o.kv_heads ? " (--kv-heads)" : " (as many as heads; see --kv-heads)") + " and D = " +
+              std::to_string(s.head_dim),
+          "shape " + shape_string(k));
+  const auto dims = built_head_dims(o.policy);
+  require(std::find(dims.begin(), dims.end(), s.head_dim) != dims.end(), "run", q_name,
+          "a head size D built for policy " + o.policy + " " + shape_string(dims), "D = " + std::to_string(s.head_dim));
+  return s;
+}
+
+void run(const run_options& o) {
+  const auto type = checked_dtype(o.dtype, o.policy);
+  if (o.module == "attention" && o.heads == 0) throw CLI::RequiredError("--heads (for --module attention)");
+  if (o.heads > 0 && o.kv_heads > 0 && o.heads % o.kv_heads != 0)
+    throw CLI::ValidationError("--kv-heads", "must divide --heads " + std::to_string(o.heads));
+
+  // Read and check everything before computing anything.
+  const auto weights = io::read_safetensors(o.weights);
+  auto module = make_runner(spec_from_weights(o, weights), o.policy, type);
+  module->load(weights, o.weights);
+  module->set_input(io::read_npy(o.input), o.input);
+  const bool backward = !o.grad_output.empty();
+  if (backward) module->set_grad_output(io::read_npy(o.grad_output), o.grad_output);
+
+  module->forward();
+  if (backward) module->backward();
+
+  const auto file_type = type == io::dtype::f64 ? io::dtype::f64 : io::dtype::f32;
+  io::write_npy(o.output, module->output(file_type));
+  if (!o.grad_input.empty()) io::write_npy(o.grad_input, module->grad_input(file_type));
+  if (!o.grad_weights.empty()) io::write_safetensors(o.grad_weights, module->gradients(file_type));
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  auto o = std::make_shared<run_options>();
+  auto* cmd = app.add_subcommand("run", "run one module forward (and backward) on weights and an input from files");
+  add_module_option(*cmd, o->module);
+  cmd->add_option("--weights", o->weights, "safetensors file of the module's weights under the spec's names "
+                                           "(F64, F32, F16 or BF16; other tensors in it are ignored)")
+      ->required();
+  cmd->add_option("--input", o->input, ".npy file of X [B, N, C] (float32 or float64)")->required();
+  cmd->add_option("--output", o->output, ".npy file to write Y to (float64 with --dtype float64, else float32)")
+      ->required();
+  auto* grad_output =
+      cmd->add_option("--grad-output", o->grad_output, ".npy file of dY, the gradient at the output: runs the backward");
+  cmd->add_option("--grad-input", o->grad_input, ".npy file to write dX to")->needs(grad_output);
+  cmd->add_option("--grad-weights", o->grad_weights,
+                  "safetensors file to write every parameter's gradient to, under the weights' names")
+      ->needs(grad_output);
+  cmd->add_option("--heads", o->heads,
+                  "heads h (attention: H, required); default: q_proj rows / (2 D) with D from lambda_q1")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-heads", o->kv_heads, "key/value groups g (default: as many as heads)")->check(CLI::PositiveNumber);
+  cmd->add_option("--layer-index", o->layer_index, "layer index l, sets lambda_init = 0.8 - 0.6 exp(-0.3 l)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--rope-theta", o->rope_theta, "RoPE base")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_flag("--no-causal", o->no_causal, "attend to every position, not only earlier ones");
+  cmd->add_option("--ffn-dim", o->ffn_dim, "SwiGLU hidden size F (default: from gate_proj.weight)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--eps", o->eps, "RMSNorm epsilon (rmsnorm, and decoder_layer's two norms)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  add_dtype_option(*cmd, o->dtype);
+  add_policy_option(*cmd, o->policy);
+  add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
+  cmd->footer(
+      "d_model C and the head size D come from the weight shapes (q_proj.weight is [2hD, C] for multihead and\n"
+      "decoder_layer, [HD, C] for attention) and are checked against each other and the input.\n" +
+      exit_codes_help);
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace difftx::cli

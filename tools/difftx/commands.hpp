@@ -1,0 +1,36 @@
+// The subcommands of difftx. Each add_<name>_command registers one on the app
+// with its options and a callback that does the work; main.cpp maps what the
+// callbacks throw to exit codes (input_error: 3, CLI11 errors: 2,
+// CLI::RuntimeError(code): code). The option helpers below are shared.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include <difftx/io/dtype.hpp>
+
+namespace difftx::cli {
+
+// Every command's --help ends with this.
+inline const std::string exit_codes_help =
+    "Exit codes: 0 ok, 1 a check failed, 2 usage error, 3 bad input (unreadable or malformed file, missing weight,\n"
+    "wrong shape, non-finite value), with a one-line message naming the file, the tensor and what was expected.";
+
+void add_run_command(CLI::App& app);
+void add_check_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_retrieval_command(CLI::App& app);  // the training demo (cmd_retrieval.cpp)
+
+// --policy NAME: a policy in the registry; defaults to the fastest built.
+CLI::Option* add_policy_option(CLI::App& command, std::string& policy);
+// --dtype NAME: float64, float32, bfloat16 or float16; defaults to float32.
+CLI::Option* add_dtype_option(CLI::App& command, std::string& dtype);
+// --module NAME: one of module_kinds.
+CLI::Option* add_module_option(CLI::App& command, std::string& module);
+// --threads N: threads of a policy that has them (simd); default as given.
+CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& default_text);
+// The dtype of a validated --dtype, refusing one the policy does not compute in (a usage error).
+io::dtype checked_dtype(const std::string& dtype, const std::string& policy);
+
+}  // namespace difftx::cli

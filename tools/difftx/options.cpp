@@ -1,0 +1,52 @@
+// Options shared by several commands.
+#include "commands.hpp"
+#include "runner.hpp"
+
+namespace difftx::cli {
+
+namespace {
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+}  // namespace
+
+CLI::Option* add_policy_option(CLI::App& command, std::string& policy) {
+  policy = fastest_policy();
+  const CLI::Validator built(
+      [](std::string& name) -> std::string {
+        const auto names = built_policy_names();
+        if (std::find(names.begin(), names.end(), name) != names.end()) return "";
+        return "policy '" + name + "' is not built into this difftx (built: " + joined(names) + ")";
+      },
+      "{" + joined(built_policy_names()) + "}");
+  return command.add_option("--policy", policy, "how to compute (default: the fastest built)")
+      ->check(built)
+      ->capture_default_str();
+}
+
+CLI::Option* add_dtype_option(CLI::App& command, std::string& dtype) {
+  dtype = "float32";
+  std::vector<std::string> names;
+  for (auto t : {io::dtype::f64, io::dtype::f32, io::dtype::bf16, io::dtype::f16}) names.emplace_back(io::dtype_name(t));
+  return command.add_option("--dtype", dtype, "number type of the module")->check(CLI::IsMember(names))->capture_default_str();
+}
+
+CLI::Option* add_module_option(CLI::App& command, std::string& module) {
+  return command.add_option("--module", module, "the module")->check(CLI::IsMember(module_kinds))->required();
+}
+
+CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& default_text) {
+  return command.add_option("--threads", threads, "threads of a policy that runs several (simd; default: " + default_text + ")")
+      ->check(CLI::PositiveNumber);
+}
+
+io::dtype checked_dtype(const std::string& dtype, const std::string& policy) {
+  const auto type = *io::parse_dtype_name(dtype);
+  if (!computes_in(policy, type))
+    throw CLI::ValidationError("--dtype", "policy '" + policy + "' does not compute in " + dtype);
+  return type;
+}
+
+}  // namespace difftx::cli

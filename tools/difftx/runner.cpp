@@ -1,0 +1,73 @@
+// The registry's queries, and make_runner's dispatch on the number type (each
+// type's instantiations live in their own runners_<type>.cpp).
+#include <algorithm>
+
+#include "policies.hpp"
+#include "runner.hpp"
+
+namespace difftx::cli {
+
+template <class T>
+std::unique_ptr<runner> make_typed_runner(const module_spec& spec, std::string_view policy);
+extern template std::unique_ptr<runner> make_typed_runner<double>(const module_spec&, std::string_view);
+extern template std::unique_ptr<runner> make_typed_runner<float>(const module_spec&, std::string_view);
+extern template std::unique_ptr<runner> make_typed_runner<Eigen::half>(const module_spec&, std::string_view);
+extern template std::unique_ptr<runner> make_typed_runner<Eigen::bfloat16>(const module_spec&, std::string_view);
+
+namespace {
+
+// f(entry) for each registry entry, in order.
+template <class F>
+void for_each_policy(F&& f) {
+  std::apply([&](auto... entries) { (f(entries), ...); }, built_policies{});
+}
+
+// f.template operator()<T>() for the number type of t.
+template <class F>
+decltype(auto) with_type(io::dtype t, F&& f) {
+  switch (t) {
+    case io::dtype::f64: return f.template operator()<double>();
+    case io::dtype::f32: return f.template operator()<float>();
+    case io::dtype::f16: return f.template operator()<Eigen::half>();
+    case io::dtype::bf16: break;
+  }
+  return f.template operator()<Eigen::bfloat16>();
+}
+
+}  // namespace
+
+bool uses_head_dim(const std::string& kind) { return kind != "rmsnorm" && kind != "swiglu"; }
+bool is_differential(const std::string& kind) { return uses_head_dim(kind) && kind != "attention"; }
+
+std::vector<std::string> built_policy_names() {
+  std::vector<std::string> names;
+  for_each_policy([&](auto entry) { names.emplace_back(decltype(entry)::policy_type::name); });
+  return names;
+}
+
+std::string fastest_policy() { return built_policy_names().back(); }
+
+std::vector<index_t> built_head_dims(std::string_view policy) {
+  std::vector<index_t> dims;
+  for_each_policy([&](auto entry) {
+    if (policy == decltype(entry)::policy_type::name) dims.assign(entry.head_dims.begin(), entry.head_dims.end());
+  });
+  return dims;
+}
+
+bool computes_in(std::string_view policy, io::dtype type) {
+  return with_type(type, [&]<class T>() {
+    bool supported = false;
+    for_each_policy([&](auto entry) {
+      using Policy = typename decltype(entry)::policy_type;
+      if (policy == Policy::name) supported = Policy::template supports<T>;
+    });
+    return supported;
+  });
+}
+
+std::unique_ptr<runner> make_runner(const module_spec& spec, std::string_view policy, io::dtype type) {
+  return with_type(type, [&]<class T>() { return make_typed_runner<T>(spec, policy); });
+}
+
+}  // namespace difftx::cli

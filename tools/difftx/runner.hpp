@@ -1,0 +1,69 @@
+// A module of any kind, number type, policy and head size behind one virtual
+// interface, so the commands choose all four at run time. Data crosses it as
+// io::stored_tensor and io::tensor_file (typed host buffers, as files hold
+// them): the runner converts to its number type and its policy's memory.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <difftx/io/tensor_file.hpp>
+
+namespace difftx::cli {
+
+// What a module is, as the command line gives it.
+struct module_spec {
+  std::string kind;         // rmsnorm, swiglu, multihead, attention, decoder_layer, decoder_stack
+  index_t d_model = 0;      // C
+  index_t heads = 1;        // h differential heads (attention: H heads)
+  index_t kv_heads = 0;     // g (attention: G); 0 means as many as heads
+  index_t head_dim = 0;     // D: the half head size (attention: the head size)
+  index_t layer_index = 0;  // l; layer i of decoder_stack has l + i
+  index_t ffn_dim = 0;      // F; 0 means the spec's default for C
+  index_t layers = 2;       // decoder_stack only
+  double rope_theta = 10000.0;
+  double eps = 1e-5;
+  bool causal = true;
+  int threads = 0;  // for a policy with threads; 0 means its default
+};
+
+// The module kinds `difftx run` and `difftx bench` take (decoder_stack is the check's).
+inline const std::vector<std::string> module_kinds{"multihead", "decoder_layer", "attention", "rmsnorm", "swiglu"};
+
+bool uses_head_dim(const std::string& kind);  // multihead, attention, decoder_layer, decoder_stack
+bool is_differential(const std::string& kind);  // multihead, decoder_layer, decoder_stack: q_proj is [2hD, C]
+
+class runner {
+ public:
+  virtual ~runner() = default;
+
+  // Parameters by the spec's names (io/parameters.hpp); every name and shape is
+  // checked first, then every value as the module's type must be finite.
+  virtual void load(const io::tensor_file& weights, const std::string& label) = 0;
+  virtual io::tensor_file parameters(io::dtype type) = 0;
+  virtual io::tensor_file gradients(io::dtype type) = 0;
+  virtual void zero_grad() = 0;
+
+  // x [B, N, C] and dy [B, N, C], any stored type; label names the file in errors.
+  virtual void set_input(const io::stored_tensor& x, const std::string& label) = 0;
+  virtual void set_grad_output(const io::stored_tensor& dy, const std::string& label) = 0;
+  virtual void forward() = 0;   // y = module(x), saving what backward needs
+  virtual void backward() = 0;  // dx from dy; parameter gradients accumulate
+  virtual io::stored_tensor output(io::dtype type) const = 0;
+  virtual io::stored_tensor grad_input(io::dtype type) const = 0;
+
+  virtual int threads() const = 0;
+};
+
+// The registry (policies.hpp), by name.
+std::vector<std::string> built_policy_names();  // slowest first
+std::string fastest_policy();
+std::vector<index_t> built_head_dims(std::string_view policy);
+bool computes_in(std::string_view policy, io::dtype type);
+
+// Throws input_error for a policy or head size that is not built.
+std::unique_ptr<runner> make_runner(const module_spec& spec, std::string_view policy, io::dtype type);
+
+}  // namespace difftx::cli

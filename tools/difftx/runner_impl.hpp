@@ -1,0 +1,169 @@
+// module_runner<Module>, and make_typed_runner<T>, which picks the policy, the
+// module kind and the head size for one number type T. Only the runners_*.cpp
+// files include this: each instantiates it for one type, so the build splits.
+#pragma once
+
+#include <string>
+#include <utility>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include <difftx/difftx.hpp>
+#include <difftx/io/parameters.hpp>
+
+#include "policies.hpp"
+#include "runner.hpp"
+
+namespace difftx::cli {
+
+template <class Module>
+class module_runner final : public runner {
+  using T = typename Module::value_type;
+
+ public:
+  template <class... Args>
+  explicit module_runner(index_t d_model, Args&&... args) : d_model_(d_model), module_(std::forward<Args>(args)...) {}
+
+  // Checks finiteness after loading, in T (so a float16 overflow shows too);
+  // on a failure the module keeps the values, as the tool stops anyway.
+  void load(const io::tensor_file& weights, const std::string& label) override {
+    io::load_parameters(module_, weights, label);
+    for (const auto& [name, t] : parameters(io::dtype::f64).tensors) t.require_finite("run", as_type(label + ": " + name));
+  }
+  io::tensor_file parameters(io::dtype type) override {
+    io::tensor_file file;
+    io::store_parameters(file, module_, type);
+    return file;
+  }
+  io::tensor_file gradients(io::dtype type) override {
+    io::tensor_file file;
+    io::store_gradients(file, module_, type);
+    return file;
+  }
+  void zero_grad() override { difftx::zero_grad(module_); }
+
+  void set_input(const io::stored_tensor& x, const std::string& label) override {
+    require(x.shape.size() == 3 && x.shape[0] > 0 && x.shape[1] > 0 && x.shape[2] == d_model_, "run", label + ": input",
+            "shape [B, N, " + std::to_string(d_model_) + "] with B, N >= 1 (C = d_model of the module)",
+            "shape " + shape_string(x.shape));
+    x_ = to_module(x, label + ": input", {x.shape[0], x.shape[1], x.shape[2]});
+    y_.resize(module_.output_shape(x_.shape()), memory());
+  }
+  void set_grad_output(const io::stored_tensor& dy, const std::string& label) override {
+    dy_ = to_module(dy, label + ": grad_output", y_.shape());
+    dx_.resize(x_.shape(), memory());
+  }
+  void forward() override { module_.forward(x_.view(), y_.view(), saved_); }
+  void backward() override { module_.backward(x_.view(), dy_.view(), saved_, dx_.view()); }
+  io::stored_tensor output(io::dtype type) const override { return to_stored(y_, type); }
+  io::stored_tensor grad_input(io::dtype type) const override { return to_stored(dx_, type); }
+
+  int threads() const override {
+    if constexpr (requires(const typename Module::policy_type& p) { p.threads; }) {
+#if defined(_OPENMP)
+      return module_.policy().threads > 0 ? module_.policy().threads : omp_get_max_threads();
+#endif
+    }
+    return 1;
+  }
+
+ private:
+  memory_resource& memory() const { return module_.policy().memory(); }
+  static std::string as_type(const std::string& name) { return name + " as " + std::string(scalar_traits<T>::name); }
+
+  // A stored tensor of the expected shape as T in the policy's memory; its
+  // values must be finite in T (a float32 value can overflow float16).
+  Tensor<T, 3> to_module(const io::stored_tensor& t, const std::string& name, const shape_t<3>& shape) const {
+    auto host = t.to_tensor<T, 3>("run", name, shape);
+    require_finite("run", as_type(name), host.view());
+    if (memory().space() == memory_space::host) return host;
+    Tensor<T, 3> out(shape, memory());
+    memory().upload(out.data(), host.data(), static_cast<std::size_t>(host.size()) * sizeof(T));
+    return out;
+  }
+  static io::stored_tensor to_stored(const Tensor<T, 3>& t, io::dtype type) {
+    if (t.space() == memory_space::host) return io::stored_tensor::from_view(type, t.const_view());
+    Tensor<T, 3> host(t.shape());
+    t.memory().download(host.data(), t.data(), static_cast<std::size_t>(t.size()) * sizeof(T));
+    return io::stored_tensor::from_view(type, host.const_view());
+  }
+
+  index_t d_model_;
+  Module module_;
+  Tensor<T, 3> x_, y_, dy_, dx_;
+  typename Module::saved_type saved_;
+};
+
+namespace detail {
+
+inline MultiHeadConfig multihead_config(const module_spec& s, index_t layer_offset = 0) {
+  return {.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .layer_index = s.layer_index + layer_offset,
+          .rope_theta = s.rope_theta, .causal = s.causal};
+}
+
+// The policy object every module of the runner gets: spec.threads, where the policy has threads.
+template <class Policy>
+Policy make_policy(const module_spec& s) {
+  Policy policy{};
+  if constexpr (requires { policy.threads; })
+    if (s.threads > 0) policy.threads = s.threads;
+  return policy;
+}
+
+template <class Policy, class T, index_t D>
+std::unique_ptr<runner> make_with_head_dim(const module_spec& s) {
+  const auto policy = make_policy<Policy>(s);
+  if (s.kind == "multihead")
+    return std::make_unique<module_runner<MultiHead<T, D, Policy>>>(s.d_model, multihead_config(s), policy);
+  if (s.kind == "attention")
+    return std::make_unique<module_runner<Attention<T, D, Policy>>>(
+        s.d_model,
+        AttentionConfig{.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .rope_theta = s.rope_theta,
+                        .causal = s.causal},
+        policy);
+  if (s.kind == "decoder_layer")
+    return std::make_unique<module_runner<DecoderLayer<T, D, Policy>>>(
+        s.d_model, DecoderLayerConfig{multihead_config(s), s.ffn_dim, s.eps}, policy);
+  require(s.kind == "decoder_stack", "make_runner", "kind", "a module kind", s.kind);
+  std::vector<DecoderLayer<T, D, Policy>> layers;
+  for (index_t l = 0; l < s.layers; ++l)
+    layers.emplace_back(DecoderLayerConfig{multihead_config(s, l), s.ffn_dim, s.eps}, policy);
+  return std::make_unique<module_runner<Stack<DecoderLayer<T, D, Policy>>>>(s.d_model, std::move(layers));
+}
+
+template <class T, class Policy, index_t... D>
+std::unique_ptr<runner> make_for_policy(policy_entry<Policy, D...>, const module_spec& s) {
+  if (s.kind == "rmsnorm")
+    return std::make_unique<module_runner<RMSNorm<T, Policy>>>(s.d_model, s.d_model, s.eps, 1.0, make_policy<Policy>(s));
+  if (s.kind == "swiglu")
+    return std::make_unique<module_runner<SwiGLU<T, Policy>>>(s.d_model, s.d_model, s.ffn_dim, make_policy<Policy>(s));
+  std::unique_ptr<runner> made;
+  ((s.head_dim == D && (made = make_with_head_dim<Policy, T, D>(s))) || ...);
+  require(made != nullptr, "make_runner", "head_dim",
+          "a head size built for policy " + std::string(Policy::name) + " (" + shape_string(policy_entry<Policy, D...>::head_dims) + ")",
+          std::to_string(s.head_dim));
+  return made;
+}
+
+}  // namespace detail
+
+template <class T>
+std::unique_ptr<runner> make_typed_runner(const module_spec& spec, std::string_view policy) {
+  std::unique_ptr<runner> made;
+  std::apply(
+      [&](auto... entries) {
+        auto try_entry = [&](auto entry) {
+          using Policy = typename decltype(entry)::policy_type;
+          if (policy != Policy::name) return;
+          if constexpr (Policy::template supports<T>) made = detail::make_for_policy<T>(entry, spec);
+        };
+        (try_entry(entries), ...);
+      },
+      built_policies{});
+  require(made != nullptr, "make_runner", "policy", "a policy built into difftx that computes in " +
+          std::string(scalar_traits<T>::name), std::string(policy));
+  return made;
+}
+
+}  // namespace difftx::cli
