@@ -40,6 +40,17 @@ struct accum_matrix {
   const_matrix_map<A> map(index_t rows, index_t cols) const { return {data, rows, cols}; }
 };
 
+// Eigen built with OpenMP threads a GEMM itself when omp_get_max_threads() > 1
+// and the calling team has one thread, which is every block of a one-part
+// split: a second split inside ours, slower than one thread (it packs for
+// threads it does not get). Setting the count inside our region changes only
+// this region's implicit task, never the caller's setting.
+inline void single_threaded_eigen() noexcept {
+#if defined(_OPENMP)
+  omp_set_num_threads(1);
+#endif
+}
+
 // C[rows, cols] (=|+=) product, computed in row blocks (or column blocks when
 // there are few rows) on `threads` threads. block(C_block, r0, r1, c0, c1)
 // evaluates the product for that block of C.
@@ -50,6 +61,7 @@ void parallel_blocks(index_t rows, index_t cols, int threads, Block&& block) {
   const index_t parts = std::max<index_t>(1, std::min<index_t>(threads, extent / 16));
 #pragma omp parallel for num_threads(static_cast<int>(parts)) schedule(static)
   for (index_t part = 0; part < parts; ++part) {
+    single_threaded_eigen();
     const index_t begin = extent * part / parts, end = extent * (part + 1) / parts;
     if (by_rows)
       block(begin, end, index_t{0}, cols);
