@@ -23,9 +23,11 @@
 
 namespace difftx::detail {
 
+// Shapes, and that every tensor the op reads or writes lies in `space` (lambda
+// and o2 only for Maps = 2: standard attention takes empty views there).
 template <int Maps, class Q, class K, class V, class L, class O, class O2, class S>
-void check_attention(std::string_view where, const Q& q, const K& k, const V& v, const L& lambda, const O& o,
-                     const O2& o2, const S& lse, const char* o_name) {
+void check_attention(std::string_view where, memory_space space, const Q& q, const K& k, const V& v, const L& lambda,
+                     const O& o, const O2& o2, const S& lse, const char* o_name) {
   static_assert(Maps == 1 || Maps == 2, "difftx: attention has one (standard) or two (differential) maps");
   require_nonempty(where, "q", q);
   const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), d = q.extent(4);
@@ -49,19 +51,25 @@ void check_attention(std::string_view where, const Q& q, const K& k, const V& v,
     require(o2.empty(), where, "o2", "an empty tensor for standard attention", shape_string(o2.shape()));
   }
   require_shape(where, "lse", lse, {B, H, Maps, N});
+  require_all_in(where, space, {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {o_name, o.space()}, {"lse", lse.space()}});
+  if constexpr (Maps == 2) require_all_in(where, space, {{"lambda", lambda.space()}, {"o2", o2.space()}});
 }
 
 template <int Maps, class Q, class K, class V, class L, class O, class O2, class S, class DO, class DQ, class DK,
           class DV, class DL>
-void check_attention_backward(std::string_view where, const Q& q, const K& k, const V& v, const L& lambda,
-                              const O& o, const O2& o2, const S& lse, const DO& d_o, const DQ& dq, const DK& dk,
-                              const DV& dv, const DL& dlambda) {
-  check_attention<Maps>(where, q, k, v, lambda, o, o2, lse, "o");
+void check_attention_backward(std::string_view where, memory_space space, const Q& q, const K& k, const V& v,
+                              const L& lambda, const O& o, const O2& o2, const S& lse, const DO& d_o, const DQ& dq,
+                              const DK& dk, const DV& dv, const DL& dlambda) {
+  check_attention<Maps>(where, space, q, k, v, lambda, o, o2, lse, "o");
   require_shape(where, "do", d_o, o.shape());
   require_shape(where, "dq", dq, q.shape());
   require_shape(where, "dk", dk, k.shape());
   require_shape(where, "dv", dv, v.shape());
-  if constexpr (Maps == 2) require_shape(where, "dlambda", dlambda, {1});
+  require_all_in(where, space, {{"do", d_o.space()}, {"dq", dq.space()}, {"dk", dk.space()}, {"dv", dv.space()}});
+  if constexpr (Maps == 2) {
+    require_shape(where, "dlambda", dlambda, {1});
+    require_all_in(where, space, {{"dlambda", dlambda.space()}});
+  }
 }
 
 }  // namespace difftx::detail

@@ -54,10 +54,7 @@ void diff_lambda_forward(const policy::cuda& p, TensorView<const T, 1> lq1, cvie
                          cview<T, 1> lk2, double lambda_init, TensorView<accum_t<T>, 1> lambda) {
   using namespace cuda_detail;
   constexpr std::string_view where = "diff_lambda_forward";
-  detail::check_diff_lambda(where, lq1, lk1, lq2, lk2, lambda, "lambda");
-  detail::require_all_in(where, memory_space::device,
-                         {{"lambda_q1", lq1.space()}, {"lambda_k1", lk1.space()}, {"lambda_q2", lq2.space()},
-                          {"lambda_k2", lk2.space()}, {"lambda", lambda.space()}});
+  detail::check_diff_lambda(where, memory_space::device, lq1, lk1, lq2, lk2, lambda, "lambda");
   diff_lambda_forward_kernel<<<1, 32, 0, p.stream()>>>(device_pointer(lq1.data()), device_pointer(lk1.data()),
                                                        device_pointer(lq2.data()), device_pointer(lk2.data()),
                                                        static_cast<int>(lq1.size()), static_cast<float>(lambda_init),
@@ -73,15 +70,7 @@ void diff_lambda_backward(const policy::cuda& p, TensorView<const T, 1> lq1, cvi
                           TensorView<T, 1> dlq2, TensorView<T, 1> dlk2) {
   using namespace cuda_detail;
   constexpr std::string_view where = "diff_lambda_backward";
-  detail::check_diff_lambda(where, lq1, lk1, lq2, lk2, dlambda, "dlambda");
-  require_shape(where, "dlambda_q1", dlq1, lq1.shape());
-  require_shape(where, "dlambda_k1", dlk1, lq1.shape());
-  require_shape(where, "dlambda_q2", dlq2, lq1.shape());
-  require_shape(where, "dlambda_k2", dlk2, lq1.shape());
-  detail::require_all_in(where, memory_space::device,
-                         {{"lambda_q1", lq1.space()}, {"lambda_k1", lk1.space()}, {"lambda_q2", lq2.space()},
-                          {"lambda_k2", lk2.space()}, {"dlambda", dlambda.space()}, {"dlambda_q1", dlq1.space()},
-                          {"dlambda_k1", dlk1.space()}, {"dlambda_q2", dlq2.space()}, {"dlambda_k2", dlk2.space()}});
+  detail::check_diff_lambda_backward(where, memory_space::device, lq1, lk1, lq2, lk2, dlambda, dlq1, dlk1, dlq2, dlk2);
   diff_lambda_backward_kernel<<<1, 32, 0, p.stream()>>>(
       device_pointer(lq1.data()), device_pointer(lk1.data()), device_pointer(lq2.data()), device_pointer(lk2.data()),
       static_cast<int>(lq1.size()), dlambda.data(), device_pointer(dlq1.data()), device_pointer(dlk1.data()),

@@ -34,10 +34,7 @@ void attention_forward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, c
                        cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
                        TensorView<accum_t<T>, 4> lse) {
   constexpr std::string_view where = "attention_forward";
-  detail::check_attention<Maps>(where, q, k, v, lambda, o, o2, lse, "o");
-  detail::require_all_in(where, memory_space::host,
-                         {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {"lambda", lambda.space()},
-                          {"o", o.space()}, {"o2", o2.space()}, {"lse", lse.space()}});
+  detail::check_attention<Maps>(where, memory_space::host, q, k, v, lambda, o, o2, lse, "o");
   using A = accum_t<T>;
   const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), d = q.extent(4);
   const index_t group_size = H / k.extent(2), dv = v.extent(3);
@@ -90,11 +87,8 @@ void attention_backward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, 
                         cview<accum_t<T>, 4> lse, cview<T, 4> d_o, TensorView<T, 5> dq, TensorView<T, 5> dk,
                         TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda) {
   constexpr std::string_view where = "attention_backward";
-  detail::check_attention_backward<Maps>(where, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv, dlambda);
-  detail::require_all_in(where, memory_space::host,
-                         {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {"lambda", lambda.space()},
-                          {"o", o.space()}, {"o2", o2.space()}, {"lse", lse.space()}, {"do", d_o.space()},
-                          {"dq", dq.space()}, {"dk", dk.space()}, {"dv", dv.space()}, {"dlambda", dlambda.space()}});
+  detail::check_attention_backward<Maps>(where, memory_space::host, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
+                                         dlambda);
   using A = accum_t<T>;
   const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), G = k.extent(2), d = q.extent(4);
   const index_t group_size = H / G, dv_size = v.extent(3);

@@ -20,10 +20,7 @@ template <Scalar T>
 void diff_lambda_forward(const policy::reference&, TensorView<const T, 1> lq1, cview<T, 1> lk1, cview<T, 1> lq2,
                          cview<T, 1> lk2, double lambda_init, TensorView<accum_t<T>, 1> lambda) {
   constexpr std::string_view where = "diff_lambda_forward";
-  detail::check_diff_lambda(where, lq1, lk1, lq2, lk2, lambda, "lambda");
-  detail::require_all_in(where, memory_space::host,
-                         {{"lambda_q1", lq1.space()}, {"lambda_k1", lk1.space()}, {"lambda_q2", lq2.space()},
-                          {"lambda_k2", lk2.space()}, {"lambda", lambda.space()}});
+  detail::check_diff_lambda(where, memory_space::host, lq1, lk1, lq2, lk2, lambda, "lambda");
   using A = accum_t<T>;
   lambda(0) = scalar_traits<T>::exp(detail::dot<T>(lq1, lk1)) - scalar_traits<T>::exp(detail::dot<T>(lq2, lk2)) +
               A(lambda_init);
@@ -35,15 +32,7 @@ void diff_lambda_backward(const policy::reference&, TensorView<const T, 1> lq1, 
                           cview<T, 1> lk2, cview<accum_t<T>, 1> dlambda, TensorView<T, 1> dlq1, TensorView<T, 1> dlk1,
                           TensorView<T, 1> dlq2, TensorView<T, 1> dlk2) {
   constexpr std::string_view where = "diff_lambda_backward";
-  detail::check_diff_lambda(where, lq1, lk1, lq2, lk2, dlambda, "dlambda");
-  require_shape(where, "dlambda_q1", dlq1, lq1.shape());
-  require_shape(where, "dlambda_k1", dlk1, lq1.shape());
-  require_shape(where, "dlambda_q2", dlq2, lq1.shape());
-  require_shape(where, "dlambda_k2", dlk2, lq1.shape());
-  detail::require_all_in(where, memory_space::host,
-                         {{"lambda_q1", lq1.space()}, {"lambda_k1", lk1.space()}, {"lambda_q2", lq2.space()},
-                          {"lambda_k2", lk2.space()}, {"dlambda", dlambda.space()}, {"dlambda_q1", dlq1.space()},
-                          {"dlambda_k1", dlk1.space()}, {"dlambda_q2", dlq2.space()}, {"dlambda_k2", dlk2.space()}});
+  detail::check_diff_lambda_backward(where, memory_space::host, lq1, lk1, lq2, lk2, dlambda, dlq1, dlk1, dlq2, dlk2);
   const auto g1 = dlambda(0) * scalar_traits<T>::exp(detail::dot<T>(lq1, lk1));
   const auto g2 = dlambda(0) * scalar_traits<T>::exp(detail::dot<T>(lq2, lk2));
   for (index_t c = 0; c < lq1.size(); ++c) {
