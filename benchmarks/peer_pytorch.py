@@ -19,6 +19,7 @@ Writes docs/benchmarks.json, prints the Markdown tables for docs/benchmarks.md,
 and draws docs/benchmarks_cpu.png (time vs N). Run from the repository root:
 
     python3 benchmarks/peer_pytorch.py [--threads 2] [--lengths 512 1024 2048 4096]
+    /usr/bin/time -v python3 benchmarks/peer_pytorch.py --memory naive 4096   # peak memory of one recipe
 
 needs torch (>= 2.0 for the sdpa recipe), numpy and matplotlib.
 """
@@ -100,13 +101,13 @@ def time_torch(module, n, backward, repeats):
     x = torch.randn(1, n, C, requires_grad=backward)
     dy = torch.randn(1, n, C)
     times = []
-    for i in range(repeats + 1):  # the first run warms up
+    for i in range(repeats + 1):  # the first run warms up (and is the one run when repeats is 0)
         t0 = time.perf_counter()
         y = module(x)
         if backward:
             y.backward(dy)
         t1 = time.perf_counter()
-        if i:
+        if i or not repeats:
             times.append(t1 - t0)
         module.zero_grad(set_to_none=True)
         x.grad = None
@@ -126,7 +127,7 @@ def run_difftx(binary, lengths, threads, min_time):
                           f"--benchmark_min_time={min_time}"], check=True, capture_output=True, text=True, env=env)
     results = {}
     for b in json.loads(out.stdout)["benchmarks"]:
-        results[b["name"].replace("/real_time", "")] = {"ms": b["real_time"], "gflops": b.get("GFLOP/s", 0) / 1e9}
+        results[b["name"].replace("/real_time", "")] = {"ms": b["real_time"], "gflops": b.get("GFLOP/s", 0)}  # the counter is in GFLOP/s
     return results
 
 
@@ -138,10 +139,16 @@ def main():
     ap.add_argument("--binary", default="build/release/benchmarks/difftx_bench")
     ap.add_argument("--min-time", default="1")
     ap.add_argument("--out", default="docs")
+    ap.add_argument("--memory", nargs=2, metavar=("RECIPE", "N"),
+                    help="only run one forward + backward of RECIPE (naive or sdpa) at length N, for /usr/bin/time -v")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     has_sdpa = hasattr(F, "scaled_dot_product_attention")
+    if args.memory:
+        recipe, n = args.memory[0], int(args.memory[1])
+        print(f"{recipe} N={n}: forward + backward {time_torch(DiffMultiHead(recipe=recipe), n, True, 0):.0f} ms")
+        return
 
     ours = run_difftx(args.binary, args.lengths, args.threads, args.min_time)
     rows = []
@@ -162,7 +169,7 @@ def main():
     sgemm = ours["eigen_sgemm/2048"]["gflops"]
 
     machine = {
-        "cpu": platform.processor() or open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": "),
+        "cpu": platform.processor() or open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(":\t "),
         "threads": args.threads, "torch": torch.__version__, "torch_cpu_capability":
             torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "?",
         "date": time.strftime("%Y-%m-%d"), "eigen_sgemm_2048_gflops": sgemm,
