@@ -155,6 +155,11 @@ TEST_CASE("ops check their own arguments") {
   Tensor<double, 2> x({3, 4}), w({5, 6}), y({3, 5});
   expect_input_error([&] { linear_forward(policy::reference{}, x.view(), w.view(), y.view()); }, "linear_forward", "w",
                      "[N, 4]", "[5, 6]");
+  // Each op's check names the first tensor outside its policy's memory.
+  Tensor<double, 2> w_fits({5, 4});
+  const TensorView<double, 2> y_elsewhere(y.data(), y.shape(), memory_space::device);
+  expect_input_error([&] { linear_forward(policy::reference{}, x.view(), w_fits.view(), y_elsewhere); }, "linear_forward",
+                     "y", "host memory", "device memory");
   // Attention: the group count must divide the head count.
   Tensor<double, 5> q({1, 2, 3, 1, 4}), k({1, 2, 2, 1, 4});
   Tensor<double, 4> v({1, 2, 2, 4}), o({1, 2, 3, 4}), none;

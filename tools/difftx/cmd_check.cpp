@@ -161,17 +161,6 @@ testing::gradcheck_result gradcheck(runner& module, const io::tensor_file& weigh
   return testing::gradcheck<double>(checked, loss, gradients, options);
 }
 
-template <class F>
-auto with_tolerance(io::dtype t, F&& f) {
-  switch (t) {
-    case io::dtype::f64: return f(testing::tolerance<double>{});
-    case io::dtype::f32: return f(testing::tolerance<float>{});
-    case io::dtype::f16: return f(testing::tolerance<Eigen::half>{});
-    case io::dtype::bf16: break;
-  }
-  return f(testing::tolerance<Eigen::bfloat16>{});
-}
-
 std::string scientific(double v) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2e", v);
@@ -191,10 +180,9 @@ int check(int threads) {
               100 * testing::gradient_floor_fraction);
   std::printf("  bars (testing::tolerance<T>, output / gradients):");
   for (auto t : types)
-    with_tolerance(t, [&](auto tol) {
-      std::printf(" %s %.1e / %.1e%s", std::string(io::dtype_name(t)).c_str(), tol.forward, tol.backward,
-                  t == types[3] ? "\n\n" : ",");
-      return 0;
+    with_type(t, [&]<class T>() {
+      std::printf(" %s %.1e / %.1e%s", std::string(io::dtype_name(t)).c_str(), testing::tolerance<T>::forward,
+                  testing::tolerance<T>::backward, t == types[3] ? "\n\n" : ",");
     });
   std::printf("| module        | policy    | dtype    | D | gradcheck | output vs ref | grads vs ref | result |\n");
   std::printf("|---------------|-----------|----------|--:|----------:|--------------:|-------------:|--------|\n");
@@ -231,7 +219,9 @@ int check(int threads) {
             const double grads_diff = gradients_difference(ours, ref);
             output_text = scientific(output_diff);
             grads_text = scientific(grads_diff);
-            ok = ok && with_tolerance(type, [&](auto tol) { return output_diff <= tol.forward && grads_diff <= tol.backward; });
+            ok = ok && with_type(type, [&]<class T>() {
+                   return output_diff <= testing::tolerance<T>::forward && grads_diff <= testing::tolerance<T>::backward;
+                 });
           }
           result = ok ? "pass" : "FAIL";
           failures += ok ? 0 : 1;

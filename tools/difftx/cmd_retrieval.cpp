@@ -10,11 +10,10 @@
 #include <string>
 #include <thread>
 
-#include <CLI/CLI.hpp>
-
 #include <difftx/difftx.hpp>
 #include <difftx/policy/simd.hpp>
 
+#include "commands.hpp"
 #include "retrieval/experiment.hpp"
 #include "retrieval/report.hpp"
 
@@ -138,9 +137,7 @@ void run(const options& o, const Policy& policy) {
     rb = train_and_evaluate(base, "baseline", base_label, s, p);
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  write_report(o.out, s, rd, rb, wall);
-
-  const auto v = judge(rd, rb);
+  const auto v = write_report(o.out, s, rd, rb, wall);
   std::printf("difftx retrieval: wrote %s/report.md (and report.json, CSVs, figures) in %s\n", o.out.string().c_str(),
               duration(wall).c_str());
   std::printf("%d of %d checks agree with the paper's direction:\n", v.agree, v.total);

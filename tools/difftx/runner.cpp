@@ -22,18 +22,6 @@ void for_each_policy(F&& f) {
   std::apply([&](auto... entries) { (f(entries), ...); }, built_policies{});
 }
 
-// f.template operator()<T>() for the number type of t.
-template <class F>
-decltype(auto) with_type(io::dtype t, F&& f) {
-  switch (t) {
-    case io::dtype::f64: return f.template operator()<double>();
-    case io::dtype::f32: return f.template operator()<float>();
-    case io::dtype::f16: return f.template operator()<Eigen::half>();
-    case io::dtype::bf16: break;
-  }
-  return f.template operator()<Eigen::bfloat16>();
-}
-
 }  // namespace
 
 bool uses_head_dim(const std::string& kind) { return kind != "rmsnorm" && kind != "swiglu"; }

@@ -66,4 +66,16 @@ bool computes_in(std::string_view policy, io::dtype type);
 // Throws input_error for a policy or head size that is not built.
 std::unique_ptr<runner> make_runner(const module_spec& spec, std::string_view policy, io::dtype type);
 
+// f.template operator()<T>() for the number type of t.
+template <class F>
+decltype(auto) with_type(io::dtype t, F&& f) {
+  switch (t) {
+    case io::dtype::f64: return f.template operator()<double>();
+    case io::dtype::f32: return f.template operator()<float>();
+    case io::dtype::f16: return f.template operator()<Eigen::half>();
+    case io::dtype::bf16: break;
+  }
+  return f.template operator()<Eigen::bfloat16>();
+}
+
 }  // namespace difftx::cli

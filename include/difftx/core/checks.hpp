@@ -52,6 +52,7 @@ void require_tokens(std::string_view where, std::string_view argument, const Ten
 template <std::size_t Rank>
 void require_saved(std::string_view where, const shape_t<Rank>& saved_for, const shape_t<Rank>& input,
                    std::string_view input_name = "x") {
+  if (saved_for == input) return;  // the common case builds no message
   const std::string on = " on " + std::string(input_name) + " ";
   require(saved_for == input, where, "saved", "the saved state of a forward" + on + shape_string(input),
           saved_for == shape_t<Rank>{} ? std::string("a state no forward has filled")

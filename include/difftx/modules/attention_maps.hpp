@@ -44,9 +44,9 @@ AttentionMaps<accum_t<T>> attention_maps_from(const shape_t<3>& saved_for, cview
   using A = accum_t<T>;
   constexpr std::string_view where = "attention_maps";
   require(saved_for != shape_t<3>{}, where, "saved", "the state of a forward", "a state no forward has filled");
-  for (const auto& [name, space] : {std::pair{"saved.q", q.space()}, std::pair{"saved.k", k.space()},
-                                    std::pair{"saved.lse", lse.space()}, std::pair{"saved.lambda", lambda_view.space()}})
-    require(space == memory_space::host, where, name, "host memory", std::string(to_string(space)) + " memory");
+  detail::require_all_in(where, memory_space::host,
+                         {{"saved.q", q.space()}, {"saved.k", k.space()}, {"saved.lse", lse.space()},
+                          {"saved.lambda", lambda_view.space()}});
   const double lambda = lambda_view.empty() ? 0.0 : static_cast<double>(lambda_view(0));
   const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), Maps = q.extent(3), d = q.extent(4);
   const index_t group_size = H / k.extent(2);

@@ -22,6 +22,8 @@ using token_t = std::int32_t;
 
 namespace detail {
 // require_all_in(where, memory_space::host, {{"x", x.space()}, {"y", y.space()}})
+// Every detail::check_<op> takes the memory space its policy computes in and
+// ends with this over the op's tensors, so a policy's entry makes one call.
 inline void require_all_in(std::string_view where, memory_space space,
                            std::initializer_list<std::pair<const char*, memory_space>> arguments) {
   for (const auto& [name, got] : arguments)

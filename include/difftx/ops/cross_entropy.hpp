@@ -15,20 +15,25 @@
 namespace difftx::detail {
 
 template <class Z, class Tg, class L, class S>
-void check_cross_entropy(std::string_view where, const Z& logits, const Tg& targets, const L& loss, const S& lse) {
+void check_cross_entropy(std::string_view where, memory_space space, const Z& logits, const Tg& targets, const L& loss,
+                         const S& lse) {
   require_nonempty(where, "logits", logits);
   require_shape(where, "targets", targets, {logits.extent(0)});
   require_shape(where, "loss", loss, {1});
   require_shape(where, "lse", lse, {logits.extent(0)});
+  require_all_in(where, space,
+                 {{"logits", logits.space()}, {"targets", targets.space()}, {"loss", loss.space()}, {"lse", lse.space()}});
 }
 
 template <class Z, class Tg, class S, class DZ>
-void check_cross_entropy_backward(std::string_view where, const Z& logits, const Tg& targets, const S& lse,
-                                  const DZ& dlogits) {
+void check_cross_entropy_backward(std::string_view where, memory_space space, const Z& logits, const Tg& targets,
+                                  const S& lse, const DZ& dlogits) {
   require_nonempty(where, "logits", logits);
   require_shape(where, "targets", targets, {logits.extent(0)});
   require_shape(where, "lse", lse, {logits.extent(0)});
   require_shape(where, "dlogits", dlogits, logits.shape());
+  require_all_in(where, space, {{"logits", logits.space()}, {"targets", targets.space()}, {"lse", lse.space()},
+                                {"dlogits", dlogits.space()}});
 }
 
 }  // namespace difftx::detail

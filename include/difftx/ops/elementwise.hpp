@@ -8,8 +8,9 @@
 namespace difftx::detail {
 
 template <class X, class Y>
-void check_same_shape(std::string_view where, const X& x, const Y& y) {
+void check_same_shape(std::string_view where, memory_space space, const X& x, const Y& y) {
   require_shape(where, "y", y, x.shape());
+  require_all_in(where, space, {{"x", x.space()}, {"y", y.space()}});
 }
 
 }  // namespace difftx::detail

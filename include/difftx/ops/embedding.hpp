@@ -10,10 +10,12 @@
 namespace difftx::detail {
 
 template <class Tok, class W, class Y>
-void check_embedding(std::string_view where, const Tok& tokens, const W& w, const Y& y, const char* y_name) {
+void check_embedding(std::string_view where, memory_space space, const Tok& tokens, const W& w, const char* w_name,
+                     const Y& y, const char* y_name) {
   require_nonempty(where, "tokens", tokens);
-  require_nonempty(where, "w", w);
+  require_nonempty(where, w_name, w);
   require_shape(where, y_name, y, {tokens.extent(0), w.extent(1)});
+  require_all_in(where, space, {{"tokens", tokens.space()}, {w_name, w.space()}, {y_name, y.space()}});
 }
 
 // Host token ids in [0, count): what an embedding row or a class index must be.
@@ -23,10 +25,11 @@ void check_token_range(std::string_view where, std::string_view argument, const 
                        bool allow_negative = false) {
   for (index_t m = 0; m < tokens.size(); ++m) {
     const index_t t = tokens.data()[m];
-    require((allow_negative && t < 0) || (t >= 0 && t < count), where, argument,
-            allow_negative ? "ids < " + std::to_string(count) + " (negative: ignored)"
-                           : "ids in [0, " + std::to_string(count) + ")",
-            std::to_string(t) + " at flat index " + std::to_string(m));
+    if ((allow_negative && t < 0) || (t >= 0 && t < count)) continue;  // the message only for a bad id
+    throw input_error(std::string(where), std::string(argument),
+                      allow_negative ? "ids < " + std::to_string(count) + " (negative: ignored)"
+                                     : "ids in [0, " + std::to_string(count) + ")",
+                      std::to_string(t) + " at flat index " + std::to_string(m));
   }
 }
 

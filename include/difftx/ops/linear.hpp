@@ -11,20 +11,22 @@
 namespace difftx::detail {
 
 template <class X, class W, class Y>
-void check_linear(std::string_view where, const X& x, const W& w, const Y& y, const char* y_name) {
+void check_linear(std::string_view where, memory_space space, const X& x, const W& w, const Y& y, const char* y_name) {
   require_nonempty(where, "x", x);
   require_nonempty(where, "w", w);
   require(x.extent(1) == w.extent(1), where, "w", "shape [N, " + std::to_string(x.extent(1)) + "] (x is [M, K])",
           shape_string(w.shape()));
   require_shape(where, y_name, y, {x.extent(0), w.extent(0)});
+  require_all_in(where, space, {{"x", x.space()}, {"w", w.space()}, {y_name, y.space()}});
 }
 
 template <class X, class W, class DY, class DX, class DW>
-void check_linear_backward(std::string_view where, const X& x, const W& w, const DY& dy, const DX& dx,
-                           const DW& dw) {
-  check_linear(where, x, w, dy, "dy");
+void check_linear_backward(std::string_view where, memory_space space, const X& x, const W& w, const DY& dy,
+                           const DX& dx, const DW& dw) {
+  check_linear(where, space, x, w, dy, "dy");
   require_shape(where, "dx", dx, x.shape());
   require_shape(where, "dw", dw, w.shape());
+  require_all_in(where, space, {{"dx", dx.space()}, {"dw", dw.space()}});
 }
 
 }  // namespace difftx::detail

@@ -13,19 +13,22 @@
 namespace difftx::detail {
 
 template <class X, class W, class Y, class R>
-void check_rmsnorm(std::string_view where, const X& x, const W& w, const Y& y, const R& rstd, const char* y_name) {
+void check_rmsnorm(std::string_view where, memory_space space, const X& x, const W& w, const Y& y, const R& rstd,
+                   const char* y_name) {
   require_nonempty(where, "x", x);
   require_shape(where, "w", w, {x.extent(1)});
   require_shape(where, y_name, y, x.shape());
   require_shape(where, "rstd", rstd, {x.extent(0)});
+  require_all_in(where, space, {{"x", x.space()}, {"w", w.space()}, {y_name, y.space()}, {"rstd", rstd.space()}});
 }
 
 template <class X, class W, class R, class DY, class DX, class DW>
-void check_rmsnorm_backward(std::string_view where, const X& x, const W& w, const R& rstd, const DY& dy,
-                            const DX& dx, const DW& dw) {
-  check_rmsnorm(where, x, w, dy, rstd, "dy");
+void check_rmsnorm_backward(std::string_view where, memory_space space, const X& x, const W& w, const R& rstd,
+                            const DY& dy, const DX& dx, const DW& dw) {
+  check_rmsnorm(where, space, x, w, dy, rstd, "dy");
   require_shape(where, "dx", dx, x.shape());
   require_shape(where, "dw", dw, w.shape());
+  require_all_in(where, space, {{"dx", dx.space()}, {"dw", dw.space()}});
 }
 
 }  // namespace difftx::detail

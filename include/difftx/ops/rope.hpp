@@ -12,12 +12,14 @@
 namespace difftx::detail {
 
 template <class X>
-void check_rope(std::string_view where, const X& x, index_t offset, double theta) {
-  require_nonempty(where, "x", x);
-  require(x.extent(3) % 2 == 0, where, "x", "an even vector size d (interleaved pairs)",
+void check_rope(std::string_view where, memory_space space, const X& x, const char* x_name, index_t offset,
+                double theta) {
+  require_nonempty(where, x_name, x);
+  require(x.extent(3) % 2 == 0, where, x_name, "an even vector size d (interleaved pairs)",
           "d = " + std::to_string(x.extent(3)));
   require(offset >= 0, where, "offset", "a position offset >= 0", std::to_string(offset));
   require(theta > 0, where, "theta", "theta > 0", std::to_string(theta));
+  require_all_in(where, space, {{x_name, x.space()}});
 }
 
 }  // namespace difftx::detail

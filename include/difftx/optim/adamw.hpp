@@ -69,7 +69,7 @@ class AdamW {
     for (const auto& p : parameters_) {
       require(p.value != nullptr && p.grad != nullptr && p.size() > 0, "AdamW", p.name, "a parameter with values and gradients",
               shape_string(p.shape));
-      require(p.space() == memory_space::host, "AdamW", p.name, "host memory", std::string(to_string(p.space())) + " memory");
+      require_space("AdamW", p.name, p.grad_view(), memory_space::host);
       m_.emplace_back(static_cast<std::size_t>(p.size()), A(0.0));
       v_.emplace_back(static_cast<std::size_t>(p.size()), A(0.0));
       decays_.push_back(decays(p));
@@ -133,7 +133,7 @@ template <Scalar T>
 double clip_grad_norm(const std::vector<parameter_ref<T>>& parameters, double max_norm) {
   double sum_sq = 0;
   for (const auto& p : parameters) {
-    require(p.space() == memory_space::host, "clip_grad_norm", p.name, "host memory", std::string(to_string(p.space())) + " memory");
+    require_space("clip_grad_norm", p.name, p.grad_view(), memory_space::host);
     for (index_t e = 0; e < p.size(); ++e) {
       const double g = scalar_traits<T>::to_double(p.grad[e]);
       sum_sq += g * g;

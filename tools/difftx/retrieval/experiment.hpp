@@ -220,7 +220,7 @@ class trainer {
       model_.forward(b.tokens.view(), logits_.view(), saved);
       record.loss = loss.forward(logits_.view(), b.targets.view(), loss_saved);
       record.accuracy = token_accuracy(b);
-      for (const auto& p : parameters) p.zero_grad();
+      zero_grad(model_);
       loss.backward(logits_.view(), b.targets.view(), loss_saved, dlogits_.view());
       model_.backward(b.tokens.view(), dlogits_.view(), saved);
       record.grad_norm = clip_grad_norm(parameters, train_.clip);

@@ -7,10 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <difftx/io/atomic_file.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -123,10 +124,9 @@ inline double standard_error(index_t correct, index_t total) {
   return std::sqrt(p * (1 - p) / static_cast<double>(total));
 }
 
+// Through a temporary renamed into place, as every file difftx writes.
 inline void write_file(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  if (!out) throw std::runtime_error("cannot write " + path.string());
+  io::write_atomically(path, "retrieval", [&](std::ostream& out) { out << text; });
 }
 
 }  // namespace detail
@@ -263,13 +263,14 @@ inline std::vector<std::pair<std::string, std::string>> figure_scripts(const mod
 inline std::vector<std::string> draw_figures(const std::filesystem::path& dir, const model_run& diff, const model_run& base,
                                              std::string& problem) {
   std::vector<std::string> drawn;
-  for (const auto& [name, script] : figure_scripts(diff, base)) detail::write_file(dir / (name + ".gp"), script);
+  const auto scripts = figure_scripts(diff, base);
+  for (const auto& [name, script] : scripts) detail::write_file(dir / (name + ".gp"), script);
   if (std::system("gnuplot --version > /dev/null 2>&1") != 0) {
     problem = "gnuplot was not found, so no PNG was drawn; the .gp scripts and CSVs are here: run `gnuplot loss.gp "
               "accuracy.gp attention.gp` in this folder (Debian: apt-get install gnuplot-nox).";
     return drawn;
   }
-  for (const auto& [name, script] : figure_scripts(diff, base)) {
+  for (const auto& [name, script] : scripts) {
     const std::string command = "cd '" + dir.string() + "' && gnuplot " + name + ".gp 2> " + name + ".gp.log";
     if (std::system(command.c_str()) == 0 && std::filesystem::exists(dir / (name + ".png"))) {
       drawn.push_back(name);
@@ -461,10 +462,10 @@ inline std::string markdown(const run_setup& s, const model_run& diff, const mod
   return md.str();
 }
 
-inline void write_report(const std::filesystem::path& dir, const run_setup& setup, const model_run& diff, const model_run& base,
-                         double wall_seconds) {
+// Writes every file into dir (which must exist) and returns the verdict it reports.
+inline verdict write_report(const std::filesystem::path& dir, const run_setup& setup, const model_run& diff,
+                            const model_run& base, double wall_seconds) {
   using namespace detail;
-  std::filesystem::create_directories(dir);
   write_csv(dir, diff, base);
   std::string figure_problem;
   const auto figures = draw_figures(dir, diff, base, figure_problem);
@@ -482,6 +483,7 @@ inline void write_report(const std::filesystem::path& dir, const run_setup& setu
   j["figures"] = figures;
   write_file(dir / "report.json", j.dump(2) + "\n");
   write_file(dir / "report.md", markdown(setup, diff, base, v, figures, figure_problem, wall_seconds));
+  return v;
 }
 
 }  // namespace difftx::retrieval

@@ -10,13 +10,14 @@
 #include "difftx/ops/attention.hpp"
 #include "difftx/policy/cuda/attention_mma.cuh"
 #include "difftx/policy/cuda/attention_simt.cuh"
+#include "difftx/policy/cuda/elementwise.cuh"
 #include "difftx/policy/cuda/tag.cuh"
 
 namespace difftx {
 
 namespace cuda_detail {
 
-template <class T, class Q, class K, class V>
+template <class Q, class K, class V>
 attention_shape shape_of(const Q& q, const K& k, const V& v, bool causal) {
   const int d = static_cast<int>(q.extent(4));
   return {static_cast<int>(q.extent(0)), static_cast<int>(q.extent(1)), static_cast<int>(q.extent(2)),
@@ -28,17 +29,10 @@ constexpr bool has_tensor_cores = !std::is_same_v<T, float>;
 
 inline bool use_tensor_cores(int d) { return d == 64 || d == 128; }
 
-// Raises a kernel's dynamic shared-memory limit (once per kernel) and checks the launch.
+// Raises a kernel's dynamic shared-memory limit to `bytes` (above the default 48 KiB).
 template <class Kernel>
 void allow_shared_memory(Kernel kernel, std::size_t bytes) {
   DIFFTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
-template <class DT>
-__global__ void store_as(const float* in, long long n, DT* out) {
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x)
-    out[i] = from_float<DT>(in[i]);
 }
 
 }  // namespace cuda_detail
@@ -55,7 +49,7 @@ void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvie
   constexpr std::string_view where = "attention_forward";
   detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, "o");
   require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
-  const auto s = shape_of<T>(q, k, v, causal);
+  const auto s = shape_of(q, k, v, causal);
   const auto* qp = device_pointer(q.data());
   const auto* kp = device_pointer(k.data());
   const auto* vp = device_pointer(v.data());
@@ -101,7 +95,7 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
   detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
                                          dlambda);
   require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
-  const auto s = shape_of<T>(q, k, v, causal);
+  const auto s = shape_of(q, k, v, causal);
   const auto* qp = device_pointer(q.data());
   const auto* kp = device_pointer(k.data());
   const auto* vp = device_pointer(v.data());
@@ -137,9 +131,9 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
       else
         launch(std::integral_constant<int, 128>{});
       DIFFTX_CUDA_CHECK(cudaGetLastError());
-      store_as<<<blocks_for(dq.size(), 256), 256, 0, p.stream()>>>(dq_accum.data(), dq.size(),
-                                                                             device_pointer(dq.data()));
-      DIFFTX_CUDA_CHECK(cudaGetLastError());
+      const float* accumulated = dq_accum.data();
+      DT* dqp = device_pointer(dq.data());
+      launch_for_each(p, dq.size(), [=] __device__(long long i) { dqp[i] = from_float<DT>(accumulated[i]); });
       return;
     }
   }

@@ -2,7 +2,6 @@
 // a cuBLASLt handle with its workspace, and stream-ordered device memory.
 #pragma once
 
-#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <stdexcept>

@@ -39,8 +39,7 @@ template <class T>
 void swiglu_gate_forward(const policy::cuda& p, cview<T, 2> g, cview<T, 2> u, TensorView<T, 2> h) {
   using namespace cuda_detail;
   constexpr std::string_view where = "swiglu_gate_forward";
-  detail::check_swiglu_gate(where, g, u, h, "h");
-  detail::require_all_in(where, memory_space::device, {{"g", g.space()}, {"u", u.space()}, {"h", h.space()}});
+  detail::check_swiglu_gate(where, memory_space::device, g, u, h, "h");
   using DT = device_t<T>;
   const DT *gp = device_pointer(g.data()), *up = device_pointer(u.data());
   DT* hp = device_pointer(h.data());
@@ -57,11 +56,7 @@ void swiglu_gate_backward(const policy::cuda& p, cview<T, 2> g, cview<T, 2> u, c
                           TensorView<T, 2> du) {
   using namespace cuda_detail;
   constexpr std::string_view where = "swiglu_gate_backward";
-  detail::check_swiglu_gate(where, g, u, dh, "dh");
-  require_shape(where, "dg", dg, g.shape());
-  require_shape(where, "du", du, g.shape());
-  detail::require_all_in(where, memory_space::device,
-                         {{"g", g.space()}, {"u", u.space()}, {"dh", dh.space()}, {"dg", dg.space()}, {"du", du.space()}});
+  detail::check_swiglu_gate_backward(where, memory_space::device, g, u, dh, dg, du);
   using DT = device_t<T>;
   const DT *gp = device_pointer(g.data()), *up = device_pointer(u.data()), *dhp = device_pointer(dh.data());
   DT *dgp = device_pointer(dg.data()), *dup = device_pointer(du.data());
@@ -77,8 +72,7 @@ template <class T, std::size_t R>
   requires supported_by<policy::cuda, T>
 void add_into(const policy::cuda& p, cview<T, R> x, TensorView<T, R> y) {
   using namespace cuda_detail;
-  detail::check_same_shape("add_into", x, y);
-  detail::require_all_in("add_into", memory_space::device, {{"x", x.space()}, {"y", y.space()}});
+  detail::check_same_shape("add_into", memory_space::device, x, y);
   using DT = device_t<T>;
   const DT* xp = device_pointer(x.data());
   DT* yp = device_pointer(y.data());
@@ -89,8 +83,7 @@ void add_into(const policy::cuda& p, cview<T, R> x, TensorView<T, R> y) {
 template <class T, std::size_t R>
   requires supported_by<policy::cuda, T>
 void copy_into(const policy::cuda& p, cview<T, R> x, TensorView<T, R> y) {
-  detail::check_same_shape("copy_into", x, y);
-  detail::require_all_in("copy_into", memory_space::device, {{"x", x.space()}, {"y", y.space()}});
+  detail::check_same_shape("copy_into", memory_space::device, x, y);
   p.memory().copy(y.data(), x.data(), static_cast<std::size_t>(x.size()) * sizeof(T));
 }
 

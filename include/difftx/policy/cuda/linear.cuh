@@ -72,8 +72,7 @@ template <class T>
   requires supported_by<policy::cuda, T>
 void linear_forward(const policy::cuda& p, cview<T, 2> x, cview<T, 2> w, TensorView<T, 2> y) {
   constexpr std::string_view where = "linear_forward";
-  detail::check_linear(where, x, w, y, "y");
-  detail::require_all_in(where, memory_space::device, {{"x", x.space()}, {"w", w.space()}, {"y", y.space()}});
+  detail::check_linear(where, memory_space::device, x, w, y, "y");
   const int64_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
   cuda_detail::lt_matmul<T>(p, true, false, N, M, K, w.data(), K, x.data(), K, y.data(), N, 0.0f);
 }
@@ -85,9 +84,7 @@ template <class T>
 void linear_backward(const policy::cuda& p, cview<T, 2> x, cview<T, 2> w, cview<T, 2> dy, TensorView<T, 2> dx,
                      TensorView<T, 2> dw, write_mode dx_mode = write_mode::assign) {
   constexpr std::string_view where = "linear_backward";
-  detail::check_linear_backward(where, x, w, dy, dx, dw);
-  detail::require_all_in(where, memory_space::device,
-                         {{"x", x.space()}, {"w", w.space()}, {"dy", dy.space()}, {"dx", dx.space()}, {"dw", dw.space()}});
+  detail::check_linear_backward(where, memory_space::device, x, w, dy, dx, dw);
   const int64_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
   cuda_detail::lt_matmul<T>(p, false, false, K, M, N, w.data(), K, dy.data(), N, dx.data(), K,
                             dx_mode == write_mode::add ? 1.0f : 0.0f);

@@ -80,9 +80,7 @@ void rmsnorm_forward(const policy::cuda& p, cview<T, 2> x, cview<T, 1> w, double
                      TensorView<accum_t<T>, 1> rstd) {
   using namespace cuda_detail;
   constexpr std::string_view where = "rmsnorm_forward";
-  detail::check_rmsnorm(where, x, w, y, rstd, "y");
-  detail::require_all_in(where, memory_space::device,
-                         {{"x", x.space()}, {"w", w.space()}, {"y", y.space()}, {"rstd", rstd.space()}});
+  detail::check_rmsnorm(where, memory_space::device, x, w, y, rstd, "y");
   rmsnorm_forward_kernel<<<static_cast<unsigned>(x.extent(0)), row_threads, 0, p.stream()>>>(
       device_pointer(x.data()), device_pointer(w.data()), static_cast<float>(eps), static_cast<float>(scale),
       device_pointer(y.data()), rstd.data(), static_cast<int>(x.extent(1)));
@@ -96,10 +94,7 @@ void rmsnorm_backward(const policy::cuda& p, cview<T, 2> x, cview<T, 1> w, cview
                       cview<T, 2> dy, TensorView<T, 2> dx, TensorView<T, 1> dw) {
   using namespace cuda_detail;
   constexpr std::string_view where = "rmsnorm_backward";
-  detail::check_rmsnorm_backward(where, x, w, rstd, dy, dx, dw);
-  detail::require_all_in(where, memory_space::device,
-                         {{"x", x.space()}, {"w", w.space()}, {"rstd", rstd.space()}, {"dy", dy.space()},
-                          {"dx", dx.space()}, {"dw", dw.space()}});
+  detail::check_rmsnorm_backward(where, memory_space::device, x, w, rstd, dy, dx, dw);
   const auto M = x.extent(0);
   const int C = static_cast<int>(x.extent(1));
   rmsnorm_backward_dx_kernel<<<static_cast<unsigned>(M), row_threads, 0, p.stream()>>>(

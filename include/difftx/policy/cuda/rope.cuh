@@ -43,8 +43,7 @@ void rope_rotate(const policy::cuda& p, TensorView<T, 4> x, index_t offset, doub
 template <class T>
   requires supported_by<policy::cuda, T>
 void rope_forward(const policy::cuda& p, TensorView<T, 4> x, index_t offset, double theta) {
-  detail::check_rope("rope_forward", x, offset, theta);
-  detail::require_all_in("rope_forward", memory_space::device, {{"x", x.space()}});
+  detail::check_rope("rope_forward", memory_space::device, x, "x", offset, theta);
   cuda_detail::rope_rotate(p, x, offset, theta, +1.0);
 }
 
@@ -52,8 +51,7 @@ void rope_forward(const policy::cuda& p, TensorView<T, 4> x, index_t offset, dou
 template <class T>
   requires supported_by<policy::cuda, T>
 void rope_backward(const policy::cuda& p, TensorView<T, 4> dx, index_t offset, double theta) {
-  detail::check_rope("rope_backward", dx, offset, theta);
-  detail::require_all_in("rope_backward", memory_space::device, {{"dx", dx.space()}});
+  detail::check_rope("rope_backward", memory_space::device, dx, "dx", offset, theta);
   cuda_detail::rope_rotate(p, dx, offset, theta, -1.0);
 }
 

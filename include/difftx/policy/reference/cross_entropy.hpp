@@ -21,10 +21,7 @@ template <Scalar T>
 void cross_entropy_forward(const policy::reference&, cview<T, 2> logits, cview<token_t, 1> targets,
                            TensorView<accum_t<T>, 1> loss, TensorView<accum_t<T>, 1> lse) {
   constexpr std::string_view where = "cross_entropy_forward";
-  detail::check_cross_entropy(where, logits, targets, loss, lse);
-  detail::require_all_in(where, memory_space::host,
-                         {{"logits", logits.space()}, {"targets", targets.space()}, {"loss", loss.space()},
-                          {"lse", lse.space()}});
+  detail::check_cross_entropy(where, memory_space::host, logits, targets, loss, lse);
   detail::check_token_range(where, "targets", targets, logits.extent(1), true);
   using A = accum_t<T>;
   const index_t M = logits.extent(0), V = logits.extent(1);
@@ -47,10 +44,7 @@ template <Scalar T>
 void cross_entropy_backward(const policy::reference&, cview<T, 2> logits, cview<token_t, 1> targets,
                             cview<accum_t<T>, 1> lse, double dloss, TensorView<T, 2> dlogits) {
   constexpr std::string_view where = "cross_entropy_backward";
-  detail::check_cross_entropy_backward(where, logits, targets, lse, dlogits);
-  detail::require_all_in(where, memory_space::host,
-                         {{"logits", logits.space()}, {"targets", targets.space()}, {"lse", lse.space()},
-                          {"dlogits", dlogits.space()}});
+  detail::check_cross_entropy_backward(where, memory_space::host, logits, targets, lse, dlogits);
   detail::check_token_range(where, "targets", targets, logits.extent(1), true);
   using A = accum_t<T>;
   const index_t M = logits.extent(0), V = logits.extent(1);

@@ -12,8 +12,7 @@ namespace difftx {
 template <Scalar T>
 void embedding_forward(const policy::reference&, cview<token_t, 1> tokens, cview<T, 2> w, TensorView<T, 2> y) {
   constexpr std::string_view where = "embedding_forward";
-  detail::check_embedding(where, tokens, w, y, "y");
-  detail::require_all_in(where, memory_space::host, {{"tokens", tokens.space()}, {"w", w.space()}, {"y", y.space()}});
+  detail::check_embedding(where, memory_space::host, tokens, w, "w", y, "y");
   detail::check_token_range(where, "tokens", tokens, w.extent(0));
   const index_t M = tokens.extent(0), C = w.extent(1);
   for (index_t m = 0; m < M; ++m)
@@ -24,9 +23,7 @@ void embedding_forward(const policy::reference&, cview<token_t, 1> tokens, cview
 template <Scalar T>
 void embedding_backward(const policy::reference&, cview<token_t, 1> tokens, cview<T, 2> dy, TensorView<T, 2> dw) {
   constexpr std::string_view where = "embedding_backward";
-  detail::check_embedding(where, tokens, dw, dy, "dy");
-  detail::require_all_in(where, memory_space::host,
-                         {{"tokens", tokens.space()}, {"dy", dy.space()}, {"dw", dw.space()}});
+  detail::check_embedding(where, memory_space::host, tokens, dw, "dw", dy, "dy");
   detail::check_token_range(where, "tokens", tokens, dw.extent(0));
   using A = accum_t<T>;
   const index_t M = tokens.extent(0), V = dw.extent(0), C = dw.extent(1);

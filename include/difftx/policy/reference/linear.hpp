@@ -10,8 +10,7 @@ namespace difftx {
 template <Scalar T>
 void linear_forward(const policy::reference&, cview<T, 2> x, cview<T, 2> w, TensorView<T, 2> y) {
   constexpr std::string_view where = "linear_forward";
-  detail::check_linear(where, x, w, y, "y");
-  detail::require_all_in(where, memory_space::host, {{"x", x.space()}, {"w", w.space()}, {"y", y.space()}});
+  detail::check_linear(where, memory_space::host, x, w, y, "y");
   using A = accum_t<T>;
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
   for (index_t m = 0; m < M; ++m)
@@ -27,9 +26,7 @@ template <Scalar T>
 void linear_backward(const policy::reference&, cview<T, 2> x, cview<T, 2> w, cview<T, 2> dy, TensorView<T, 2> dx,
                      TensorView<T, 2> dw, write_mode dx_mode = write_mode::assign) {
   constexpr std::string_view where = "linear_backward";
-  detail::check_linear_backward(where, x, w, dy, dx, dw);
-  detail::require_all_in(where, memory_space::host,
-                         {{"x", x.space()}, {"w", w.space()}, {"dy", dy.space()}, {"dx", dx.space()}, {"dw", dw.space()}});
+  detail::check_linear_backward(where, memory_space::host, x, w, dy, dx, dw);
   using A = accum_t<T>;
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
   for (index_t m = 0; m < M; ++m)

@@ -13,9 +13,7 @@ template <Scalar T>
 void rmsnorm_forward(const policy::reference&, cview<T, 2> x, cview<T, 1> w, double eps, double scale,
                      TensorView<T, 2> y, TensorView<accum_t<T>, 1> rstd) {
   constexpr std::string_view where = "rmsnorm_forward";
-  detail::check_rmsnorm(where, x, w, y, rstd, "y");
-  detail::require_all_in(where, memory_space::host,
-                         {{"x", x.space()}, {"w", w.space()}, {"y", y.space()}, {"rstd", rstd.space()}});
+  detail::check_rmsnorm(where, memory_space::host, x, w, y, rstd, "y");
   using A = accum_t<T>;
   const index_t M = x.extent(0), C = x.extent(1);
   const A s(scale);
@@ -33,10 +31,7 @@ template <Scalar T>
 void rmsnorm_backward(const policy::reference&, cview<T, 2> x, cview<T, 1> w, cview<accum_t<T>, 1> rstd,
                       double scale, cview<T, 2> dy, TensorView<T, 2> dx, TensorView<T, 1> dw) {
   constexpr std::string_view where = "rmsnorm_backward";
-  detail::check_rmsnorm_backward(where, x, w, rstd, dy, dx, dw);
-  detail::require_all_in(where, memory_space::host,
-                         {{"x", x.space()}, {"w", w.space()}, {"rstd", rstd.space()}, {"dy", dy.space()},
-                          {"dx", dx.space()}, {"dw", dw.space()}});
+  detail::check_rmsnorm_backward(where, memory_space::host, x, w, rstd, dy, dx, dw);
   using A = accum_t<T>;
   const index_t M = x.extent(0), C = x.extent(1);
   const A s(scale);

@@ -33,16 +33,14 @@ void rope_rotate(TensorView<T, 4> x, index_t offset, double theta, double sign) 
 // x[B, N, V, d] rotated in place by the angle of each position.
 template <Scalar T>
 void rope_forward(const policy::reference&, TensorView<T, 4> x, index_t offset, double theta) {
-  detail::check_rope("rope_forward", x, offset, theta);
-  detail::require_all_in("rope_forward", memory_space::host, {{"x", x.space()}});
+  detail::check_rope("rope_forward", memory_space::host, x, "x", offset, theta);
   detail::rope_rotate(x, offset, theta, +1.0);
 }
 
 // dx[B, N, V, d] (given as dy, in place) = rotation by the negated angle.
 template <Scalar T>
 void rope_backward(const policy::reference&, TensorView<T, 4> dx, index_t offset, double theta) {
-  detail::check_rope("rope_backward", dx, offset, theta);
-  detail::require_all_in("rope_backward", memory_space::host, {{"dx", dx.space()}});
+  detail::check_rope("rope_backward", memory_space::host, dx, "dx", offset, theta);
   detail::rope_rotate(dx, offset, theta, -1.0);
 }
 

@@ -1,5 +1,6 @@
 // What the simd kernels share: the vector type of an accumulation type,
-// conversions between storage and accumulation types, and the thread count.
+// conversions between storage and accumulation types, the thread count and
+// chunked loops over threads.
 #pragma once
 
 #include <algorithm>
@@ -52,20 +53,43 @@ void from_accum(const accum_t<T>* in, index_t n, T* out) {
         Eigen::Map<const Eigen::Array<A, Eigen::Dynamic, 1>>(in, n).template cast<T>();
 }
 
-// A row of T seen as the accumulation type: the row itself when T is its own
-// accumulation type, else a converted copy in scratch.
-template <class T>
-const accum_t<T>* accum_row(const T* row, index_t n, std::vector<accum_t<T>>& scratch) {
-  if constexpr (std::is_same_v<T, accum_t<T>>) {
-    return row;
-  } else {
-    scratch.resize(static_cast<std::size_t>(n));
-    to_accum(row, n, scratch.data());
-    return scratch.data();
-  }
+// Runs f(begin, end) over [0, n) in chunks of `chunk` on the policy's threads.
+template <class F>
+void parallel_chunks(const policy::simd& p, index_t n, index_t chunk, F&& f) {
+  const index_t chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(thread_count(p)) schedule(static)
+  for (index_t c = 0; c < chunks; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
 }
 
-// Sum and maximum of n values, vectorised.
+// A chunk of T as the accumulation type: in place when T is its own
+// accumulation type, else converted into the scratch buffer.
+template <class T>
+const accum_t<T>* chunk_as_accum(const T* in, index_t n, accum_t<T>* scratch) {
+  if constexpr (std::is_same_v<T, accum_t<T>>) {
+    return in;
+  } else {
+    to_accum(in, n, scratch);
+    return scratch;
+  }
+}
+// Where a kernel writes a chunk of output: straight into T's memory when T is
+// its own accumulation type, else into scratch (then converted by the caller).
+template <class T>
+accum_t<T>* output_chunk(T* out, accum_t<T>* scratch) {
+  if constexpr (std::is_same_v<T, accum_t<T>>)
+    return out;
+  else
+    return scratch;
+}
+
+// chunk_as_accum with a scratch buffer that grows to the row's size.
+template <class T>
+const accum_t<T>* accum_row(const T* row, index_t n, std::vector<accum_t<T>>& scratch) {
+  if constexpr (!std::is_same_v<T, accum_t<T>>) scratch.resize(static_cast<std::size_t>(n));
+  return chunk_as_accum(row, n, scratch.data());
+}
+
+// Sum and dot product of n values, vectorised.
 template <class A>
 A sum(const A* x, index_t n) {
   constexpr index_t W = vec<A>::size;

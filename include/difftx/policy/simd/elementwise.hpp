@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "difftx/ops/elementwise.hpp"
-#include "difftx/policy/simd/swiglu.hpp"
+#include "difftx/policy/simd/common.hpp"
 
 namespace difftx {
 
@@ -14,8 +14,7 @@ template <class T, std::size_t R>
 void add_into(const policy::simd& p, cview<T, R> x, TensorView<T, R> y) {
   using namespace simd_detail;
   using A = accum_t<T>;
-  detail::check_same_shape("add_into", x, y);
-  detail::require_all_in("add_into", memory_space::host, {{"x", x.space()}, {"y", y.space()}});
+  detail::check_same_shape("add_into", memory_space::host, x, y);
   constexpr index_t chunk = 4096;
   parallel_chunks(p, x.size(), chunk, [&](index_t begin, index_t end) {
     A xs[chunk], ys[chunk];
@@ -31,8 +30,7 @@ void add_into(const policy::simd& p, cview<T, R> x, TensorView<T, R> y) {
 template <class T, std::size_t R>
   requires supported_by<policy::simd, T>
 void copy_into(const policy::simd& p, cview<T, R> x, TensorView<T, R> y) {
-  detail::check_same_shape("copy_into", x, y);
-  detail::require_all_in("copy_into", memory_space::host, {{"x", x.space()}, {"y", y.space()}});
+  detail::check_same_shape("copy_into", memory_space::host, x, y);
   simd_detail::parallel_chunks(p, x.size(), 1 << 16, [&](index_t begin, index_t end) {
     std::copy(x.data() + begin, x.data() + end, y.data() + begin);
   });

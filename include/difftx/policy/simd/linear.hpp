@@ -79,8 +79,7 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, TensorV
   using namespace simd_detail;
   using A = accum_t<T>;
   constexpr std::string_view where = "linear_forward";
-  detail::check_linear(where, x, w, y, "y");
-  detail::require_all_in(where, memory_space::host, {{"x", x.space()}, {"w", w.space()}, {"y", y.space()}});
+  detail::check_linear(where, memory_space::host, x, w, y, "y");
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
   const accum_matrix<T> xa(x.data(), M, K), wa(w.data(), N, K);
   std::vector<A> y_storage(std::is_same_v<T, A> ? 0 : static_cast<std::size_t>(M * N));
@@ -102,9 +101,7 @@ void linear_backward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, cview<
   using namespace simd_detail;
   using A = accum_t<T>;
   constexpr std::string_view where = "linear_backward";
-  detail::check_linear_backward(where, x, w, dy, dx, dw);
-  detail::require_all_in(where, memory_space::host,
-                         {{"x", x.space()}, {"w", w.space()}, {"dy", dy.space()}, {"dx", dx.space()}, {"dw", dw.space()}});
+  detail::check_linear_backward(where, memory_space::host, x, w, dy, dx, dw);
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
   const int threads = thread_count(p);
   const accum_matrix<T> xa(x.data(), M, K), wa(w.data(), N, K), dya(dy.data(), M, N);

@@ -9,6 +9,17 @@
 
 namespace difftx {
 
+namespace simd_detail {
+// s · w in the accumulation type, once per call rather than per row.
+template <class T>
+std::vector<accum_t<T>> scaled_weight(cview<T, 1> w, double scale) {
+  std::vector<accum_t<T>> scaled(static_cast<std::size_t>(w.size()));
+  to_accum(w.data(), w.size(), scaled.data());
+  for (auto& v : scaled) v *= static_cast<accum_t<T>>(scale);
+  return scaled;
+}
+}  // namespace simd_detail
+
 // x[M, C], w[C] -> y[M, C] = scale · x · rstd · w,  rstd[M]
 template <class T>
   requires supported_by<policy::simd, T>
@@ -17,14 +28,10 @@ void rmsnorm_forward(const policy::simd& p, cview<T, 2> x, cview<T, 1> w, double
   using namespace simd_detail;
   using A = accum_t<T>;
   constexpr std::string_view where = "rmsnorm_forward";
-  detail::check_rmsnorm(where, x, w, y, rstd, "y");
-  detail::require_all_in(where, memory_space::host,
-                         {{"x", x.space()}, {"w", w.space()}, {"y", y.space()}, {"rstd", rstd.space()}});
+  detail::check_rmsnorm(where, memory_space::host, x, w, y, rstd, "y");
   const index_t M = x.extent(0), C = x.extent(1);
   constexpr index_t W = vec<A>::size;
-  std::vector<A> w_scaled(static_cast<std::size_t>(C));  // s · w, once
-  to_accum(w.data(), C, w_scaled.data());
-  for (auto& v : w_scaled) v *= static_cast<A>(scale);
+  const std::vector<A> w_scaled = scaled_weight<T>(w, scale);
 #pragma omp parallel num_threads(thread_count(p))
   {
     std::vector<A> in_scratch, out(static_cast<std::size_t>(C));
@@ -51,16 +58,11 @@ void rmsnorm_backward(const policy::simd& p, cview<T, 2> x, cview<T, 1> w, cview
   using namespace simd_detail;
   using A = accum_t<T>;
   constexpr std::string_view where = "rmsnorm_backward";
-  detail::check_rmsnorm_backward(where, x, w, rstd, dy, dx, dw);
-  detail::require_all_in(where, memory_space::host,
-                         {{"x", x.space()}, {"w", w.space()}, {"rstd", rstd.space()}, {"dy", dy.space()},
-                          {"dx", dx.space()}, {"dw", dw.space()}});
+  detail::check_rmsnorm_backward(where, memory_space::host, x, w, rstd, dy, dx, dw);
   const index_t M = x.extent(0), C = x.extent(1);
   constexpr index_t W = vec<A>::size;
   const A s = static_cast<A>(scale);
-  std::vector<A> w_scaled(static_cast<std::size_t>(C));
-  to_accum(w.data(), C, w_scaled.data());
-  for (auto& v : w_scaled) v *= s;
+  const std::vector<A> w_scaled = scaled_weight<T>(w, scale);
   const int threads = thread_count(p);
   std::vector<std::vector<A>> dw_partial(static_cast<std::size_t>(threads), std::vector<A>(static_cast<std::size_t>(C), A(0)));
 #pragma omp parallel num_threads(threads)

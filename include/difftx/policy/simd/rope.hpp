@@ -82,8 +82,7 @@ void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, doub
 template <class T>
   requires supported_by<policy::simd, T>
 void rope_forward(const policy::simd& p, TensorView<T, 4> x, index_t offset, double theta) {
-  detail::check_rope("rope_forward", x, offset, theta);
-  detail::require_all_in("rope_forward", memory_space::host, {{"x", x.space()}});
+  detail::check_rope("rope_forward", memory_space::host, x, "x", offset, theta);
   simd_detail::rope_rotate(p, x, offset, theta, +1.0);
 }
 
@@ -91,8 +90,7 @@ void rope_forward(const policy::simd& p, TensorView<T, 4> x, index_t offset, dou
 template <class T>
   requires supported_by<policy::simd, T>
 void rope_backward(const policy::simd& p, TensorView<T, 4> dx, index_t offset, double theta) {
-  detail::check_rope("rope_backward", dx, offset, theta);
-  detail::require_all_in("rope_backward", memory_space::host, {{"dx", dx.space()}});
+  detail::check_rope("rope_backward", memory_space::host, dx, "dx", offset, theta);
   simd_detail::rope_rotate(p, dx, offset, theta, -1.0);
 }
 

@@ -10,35 +10,6 @@
 namespace difftx {
 
 namespace simd_detail {
-// Runs f(begin, end, scratch...) over [0, n) in chunks of `chunk` on the policy's threads.
-template <class F>
-void parallel_chunks(const policy::simd& p, index_t n, index_t chunk, F&& f) {
-  const index_t chunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for num_threads(thread_count(p)) schedule(static)
-  for (index_t c = 0; c < chunks; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
-}
-
-// A chunk of T as the accumulation type: in place when T is its own
-// accumulation type, else converted into the scratch buffer.
-template <class T>
-const accum_t<T>* chunk_as_accum(const T* in, index_t n, accum_t<T>* scratch) {
-  if constexpr (std::is_same_v<T, accum_t<T>>) {
-    return in;
-  } else {
-    to_accum(in, n, scratch);
-    return scratch;
-  }
-}
-// Where a kernel writes a chunk of output: straight into T's memory when T is
-// its own accumulation type, else into scratch (then converted by the caller).
-template <class T>
-accum_t<T>* output_chunk(T* out, accum_t<T>* scratch) {
-  if constexpr (std::is_same_v<T, accum_t<T>>)
-    return out;
-  else
-    return scratch;
-}
-
 template <class A>
 vec<A> sigmoid(const vec<A>& z) {
   return vec<A>(A(1)) / (vec<A>(A(1)) + xsimd::exp(-z));
@@ -52,8 +23,7 @@ void swiglu_gate_forward(const policy::simd& p, cview<T, 2> g, cview<T, 2> u, Te
   using namespace simd_detail;
   using A = accum_t<T>;
   constexpr std::string_view where = "swiglu_gate_forward";
-  detail::check_swiglu_gate(where, g, u, h, "h");
-  detail::require_all_in(where, memory_space::host, {{"g", g.space()}, {"u", u.space()}, {"h", h.space()}});
+  detail::check_swiglu_gate(where, memory_space::host, g, u, h, "h");
   constexpr index_t W = vec<A>::size, chunk = 1024;
   parallel_chunks(p, g.size(), chunk, [&](index_t begin, index_t end) {
     A g_chunk[chunk], u_chunk[chunk], h_chunk[chunk];
@@ -79,11 +49,7 @@ void swiglu_gate_backward(const policy::simd& p, cview<T, 2> g, cview<T, 2> u, c
   using namespace simd_detail;
   using A = accum_t<T>;
   constexpr std::string_view where = "swiglu_gate_backward";
-  detail::check_swiglu_gate(where, g, u, dh, "dh");
-  require_shape(where, "dg", dg, g.shape());
-  require_shape(where, "du", du, g.shape());
-  detail::require_all_in(where, memory_space::host,
-                         {{"g", g.space()}, {"u", u.space()}, {"dh", dh.space()}, {"dg", dg.space()}, {"du", du.space()}});
+  detail::check_swiglu_gate_backward(where, memory_space::host, g, u, dh, dg, du);
   constexpr index_t W = vec<A>::size, chunk = 1024;
   parallel_chunks(p, g.size(), chunk, [&](index_t begin, index_t end) {
     A g_chunk[chunk], u_chunk[chunk], dh_chunk[chunk], dg_chunk[chunk], du_chunk[chunk];
