@@ -249,6 +249,38 @@ TEST_CASE("malformed safetensors are rejected with the documented error") {
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
                        "read_safetensors", label + ": w", "12 bytes for shape [3] of F32", "8 bytes");
   }
+  SUBCASE("an element count past 2^48 (a product that would wrap in 64 bits)") {
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[53695721,687084323673,8],"data_offsets":[0,32]}})", 32)),
+                       "read_safetensors", label + ": w", "an element count of at most", "53695721 · 687084323673");
+  }
+  SUBCASE("the format's rules, strictly: each name once, no NUL, exactly three keys per tensor, '{' first") {
+    const std::string w = R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+    expect_input_error(parse(safetensors_bytes("{" + w + "," + w + "}", 4)), "read_safetensors", label + ": w",
+                       "each name once in its object", "the name twice");
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","dtype":"F64","shape":[1],"data_offsets":[0,4]}})", 4)),
+                       "read_safetensors", label + ": dtype", "each name once", "twice");
+    expect_input_error(parse(safetensors_bytes(R"({"__metadata__":{"a":"1","a":"2"}})", 0)), "read_safetensors",
+                       label + ": a", "each name once", "twice");
+    expect_input_error(parse(safetensors_bytes("{" + w + std::string("}\0junk", 6), 4)), "read_safetensors",
+                       label + ": header", "without NUL bytes", "a NUL byte at header offset " + std::to_string(w.size() + 2));
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", 4)),
+                       "read_safetensors", label + ": w", "exactly the keys dtype, shape and data_offsets", "\"x\"");
+    expect_input_error(parse(safetensors_bytes(" {" + w + "}", 4)), "read_safetensors", label + ": header",
+                       "starting with '{'", "another first byte");
+    CHECK(io::parse_safetensors(safetensors_bytes("{" + w + "}   ", 4), label).tensors.size() == 1);  // padding is fine
+  }
+  SUBCASE("a name with control bytes is echoed escaped, on one line") {
+    const auto bytes = safetensors_bytes(R"({"a\nb\u001b[31m":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}})", 1);
+    try {
+      io::parse_safetensors(bytes, label);
+      FAIL("no input_error");
+    } catch (const input_error& e) {
+      const std::string message = e.what();
+      CHECK(message.find('\n') == std::string::npos);
+      CHECK(message.find('\x1b') == std::string::npos);
+      CHECK(message.find("a\\nb\\x1b[31m") != std::string::npos);
+    }
+  }
   SUBCASE("missing or misshapen weights: load_parameters changes nothing") {
     RMSNorm<double> norm(2);
     const auto before = parameter_values(norm);
@@ -297,6 +329,15 @@ TEST_CASE("malformed .npy files are rejected with the documented error") {
     for (const char* descr : {"<i4", "<f2", "|u1", "<c16"})
       expect_input_error(parse(npy_bytes(std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2,), }", 8)),
                          "read_npy", label + ": descr", "'<f4' (float32) or '<f8' (float64)", descr);
+  }
+  SUBCASE("an element count past 2^48 (a product that would wrap in 64 bits)") {
+    expect_input_error(parse(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (53695721, 687084323673, 8), }", 32)),
+                       "read_npy", label + ": shape [53695721, 687084323673, 8]", "an element count of at most",
+                       "53695721 · 687084323673");
+  }
+  SUBCASE("a descr with control bytes is echoed escaped, on one line") {
+    expect_input_error(parse(npy_bytes("{'descr': '<f4\x1b[2J\x7f', 'fortran_order': False, 'shape': (1,), }", 4)),
+                       "read_npy", label + ": descr", "'<f4' (float32)", "'<f4\\x1b[2J\\x7f'");
   }
   SUBCASE("truncated or overlong data") {
     expect_input_error(parse(npy_bytes(f4_23, 20)), "read_npy", label + ": data", "24 bytes for shape [2, 3] of float32",
@@ -356,7 +397,7 @@ TEST_CASE("a writer that fails leaves neither a file nor a temporary, and keeps 
     io::tensor_file f;
     f.tensors["w"] = old;
     expect_input_error([&] { io::write_safetensors(folder / "taken.safetensors", f); }, "write_safetensors",
-                       (folder / "taken.safetensors").string(), "a file that can be replaced", "");
+                       (folder / "taken.safetensors").string(), "a file path", "a folder");
     CHECK(std::filesystem::is_directory(folder / "taken.safetensors"));
     std::filesystem::remove(folder / "taken.safetensors");
   }
@@ -370,4 +411,71 @@ TEST_CASE("a writer that fails leaves neither a file nor a temporary, and keeps 
   }
   CHECK(folder.files() == std::vector<std::string>{"y.npy"});
   CHECK(io::read_file_bytes(folder / "y.npy", "test") == old_bytes);
+}
+
+TEST_CASE("output_files: all or nothing over several files, one path per output") {
+  test_support::temp_folder folder;
+  const auto old = io::stored_tensor::from_values(io::dtype::f32, {2}, {1.0, 2.0});
+  const auto fresh = io::stored_tensor::from_values(io::dtype::f32, {2}, {3.0, 4.0});
+  io::write_npy(folder / "a.npy", old);
+  io::write_npy(folder / "b.npy", old);
+  const auto old_bytes = io::read_file_bytes(folder / "a.npy", "test");
+  auto write = [&](io::output_files& files, std::size_t i, const char* name) {
+    files.write(i, [&](std::ostream& out) { io::write_npy_to(out, fresh, name); });
+  };
+
+  SUBCASE("a failure after the first file is written leaves both targets as they were and no temporary") {
+    {
+      io::output_files files;
+      const auto a = files.add(folder / "a.npy", "test"), b = files.add(folder / "b.npy", "test");
+      CHECK(folder.files().size() == 4);  // the temporaries exist from add() on
+      write(files, a, "a.npy");
+      CHECK_THROWS_AS(files.write(b, [](std::ostream&) { throw std::runtime_error("disk full"); }), std::runtime_error);
+    }  // destroyed without commit
+    CHECK(io::read_file_bytes(folder / "a.npy", "test") == old_bytes);
+    CHECK(io::read_file_bytes(folder / "b.npy", "test") == old_bytes);
+  }
+  SUBCASE("commit replaces every target") {
+    io::output_files files;
+    const auto a = files.add(folder / "a.npy", "test"), b = files.add(folder / "b.npy", "test");
+    write(files, a, "a.npy");
+    expect_input_error([&] { files.commit(); }, "test", (folder / "b.npy").string(), "a written output", "none written");
+    CHECK(io::read_file_bytes(folder / "a.npy", "test") == old_bytes);  // nothing renamed
+    write(files, b, "b.npy");
+    files.commit();
+    CHECK(io::read_npy(folder / "a.npy").values() == fresh.values());
+    CHECK(io::read_npy(folder / "b.npy").values() == fresh.values());
+  }
+  SUBCASE("the same path twice, also spelled differently, is refused") {
+    io::output_files files;
+    files.add(folder / "a.npy", "first");
+    expect_input_error([&] { files.add(folder.path() / "." / "a.npy", "second"); }, "second",
+                       (folder.path() / "." / "a.npy").string(), "a path that no other output uses", "another output");
+  }
+  CHECK(folder.files() == std::vector<std::string>{"a.npy", "b.npy"});
+}
+
+TEST_CASE("messages are one printable line: control bytes and invalid UTF-8 escaped, valid UTF-8 kept") {
+  const input_error e("where", "name\nwith\ttab\x1b[0m", "2·h·D λ", std::string("\xff\xc2\x85 ok"));
+  CHECK(std::string(e.what()) ==
+        "difftx::where: argument 'name\\nwith\\ttab\\x1b[0m': expected 2·h·D λ, got \\xff\\xc2\\x85 ok");
+  CHECK(e.argument() == "name\nwith\ttab\x1b[0m");  // the parts stay as given, for programs
+}
+
+TEST_CASE("Tensor: a shape whose size overflows or cannot be allocated throws input_error, not a crash") {
+  expect_input_error([] { Tensor<float, 3>({53695721, 687084323673, 8}); }, "Tensor", "shape", "an element count of at most",
+                     "53695721 · 687084323673");
+  expect_input_error([] { Tensor<float, 2>({-1, 4}); }, "Tensor", "shape", "non-negative extents", "-1");
+  // An allocator that runs out (the system's would too, but sanitizers abort on such requests instead of throwing).
+  struct exhausted_memory final : memory_resource {
+    void* allocate(std::size_t) override { throw std::bad_alloc(); }
+    void deallocate(void*, std::size_t) noexcept override {}
+    void copy(void*, const void*, std::size_t) override {}
+    void zero(void*, std::size_t) override {}
+    void upload(void*, const void*, std::size_t) override {}
+    void download(void*, const void*, std::size_t) override {}
+    memory_space space() const noexcept override { return memory_space::host; }
+  } exhausted;
+  expect_input_error([&] { Tensor<float, 2>({1 << 20, 1 << 10}, exhausted); }, "Tensor", "shape",
+                     "a tensor that fits in memory", "4294967296 bytes, more than can be allocated");
 }

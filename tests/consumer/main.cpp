@@ -2,7 +2,10 @@
 // if the gradient check fails.
 #include <cstdio>
 
+#include <cstring>
+
 #include <difftx/difftx.hpp>
+#include <difftx/policy/simd.hpp>
 
 int main() {
   using namespace difftx;
@@ -19,5 +22,11 @@ int main() {
   const auto check = testing::gradcheck(attention, x.view(), options);
   std::printf("consumer: MultiHead forward/backward ok, gradcheck worst %.2e (%s)\n", check.worst_error(),
               check.passed() ? "pass" : "FAIL");
+  // Linked to difftx::native on x86-64, the simd policy must not be left at the SSE2 baseline.
+  const char* isa = policy::simd::instruction_set();
+  std::printf("consumer: policy::simd compiled for %s\n", isa);
+#if defined(__x86_64__)
+  if (std::strcmp(isa, "sse2") == 0) return 1;
+#endif
   return check.passed() ? 0 : 1;
 }

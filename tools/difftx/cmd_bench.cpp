@@ -93,9 +93,10 @@ module_spec bench_spec(const bench_options& o) {
 void bench(const bench_options& o) {
   const auto type = checked_dtype(o.dtype, o.policy);
   const auto spec = bench_spec(o);
+  const auto count = checked_element_count(std::vector<index_t>{o.batch, o.seq, o.d_model}, "bench", "x [B, N, C]");
   auto module = make_runner(spec, o.policy, type);
   random_stream rng(1);
-  std::vector<double> x(static_cast<std::size_t>(o.batch * o.seq * o.d_model));
+  std::vector<double> x(static_cast<std::size_t>(count));
   for (auto& e : x) e = rng.normal();
   const auto input = io::stored_tensor::from_values(type, {o.batch, o.seq, o.d_model}, x);
   module->set_input(input, "random input");
@@ -112,7 +113,7 @@ void bench(const bench_options& o) {
   // GFLOP/s of `flop` in `ms`; none when nothing is counted (rmsnorm).
   auto gflops = [](double flop, double ms) { return flop > 0 ? nlohmann::json(flop / (ms * 1e6)) : nlohmann::json(); };
 
-  nlohmann::json j{{"module", o.module},   {"policy", o.policy},   {"dtype", o.dtype},
+  nlohmann::json j{{"module", o.module},   {"policy", o.policy},   {"policy_detail", policy_description(o.policy)}, {"dtype", o.dtype},
                    {"threads", module->threads()}, {"batch", o.batch}, {"seq", o.seq},
                    {"d_model", o.d_model}, {"repeats", o.repeats}, {"forward_ms", forward_ms},
                    {"forward_tokens_per_s", tokens / forward_ms * 1e3}, {"forward_flops", flops.forward},
@@ -135,7 +136,7 @@ void bench(const bench_options& o) {
     return;
   }
   std::printf("difftx bench: %s on %s; policy %s, %s, %d thread%s; median of %d runs after a warm-up\n", o.module.c_str(),
-              shape.c_str(), o.policy.c_str(), o.dtype.c_str(), module->threads(), module->threads() == 1 ? "" : "s",
+              shape.c_str(), policy_description(o.policy).c_str(), o.dtype.c_str(), module->threads(), module->threads() == 1 ? "" : "s",
               o.repeats);
   std::printf("%-18s %10s %12s %9s\n", "", "median ms", "tokens/s", "GFLOP/s");
   auto row = [&](const char* name, double ms, double flop) {
@@ -158,20 +159,20 @@ void add_bench_command(CLI::App& app) {
   add_policy_option(*cmd, o->policy);
   add_dtype_option(*cmd, o->dtype);
   add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
-  cmd->add_option("--batch", o->batch, "batch size B")->required()->check(CLI::PositiveNumber);
-  cmd->add_option("--seq", o->seq, "sequence length N")->required()->check(CLI::PositiveNumber);
-  cmd->add_option("--d-model", o->d_model, "model width C")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--batch", o->batch, "batch size B")->required()->check(count_in(1));
+  cmd->add_option("--seq", o->seq, "sequence length N")->required()->check(count_in(1));
+  cmd->add_option("--d-model", o->d_model, "model width C")->required()->check(count_in(1));
   cmd->add_option("--heads", o->heads, "heads h (attention: H); needed except for rmsnorm and swiglu")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-heads", o->kv_heads, "key/value groups g (default: as many as heads)")->check(CLI::PositiveNumber);
+      ->check(count_in(1));
+  cmd->add_option("--kv-heads", o->kv_heads, "key/value groups g (default: as many as heads)")->check(count_in(1));
   cmd->add_option("--head-dim", o->head_dim, "half head size D (attention: head size); default C / (2h) (attention: C / H)")
-      ->check(CLI::PositiveNumber);
+      ->check(count_in(1));
   cmd->add_option("--ffn-dim", o->ffn_dim, "SwiGLU hidden size F (default: 8C/3 rounded up to a multiple of 64)")
-      ->check(CLI::PositiveNumber);
+      ->check(count_in(1));
   cmd->add_flag("--no-causal", o->no_causal, "attend to every position (costs twice the attention products)");
   cmd->add_flag("--backward", o->backward, "time forward + backward too");
   cmd->add_option("--repeats", o->repeats, "timed runs (after one warm-up run)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   cmd->add_flag("--json", o->json,
                 "print one JSON object: forward_ms (and forward_backward_ms), both medians, tokens/s, GFLOP/s, "

@@ -170,7 +170,7 @@ std::string scientific(double v) {
 int check(int threads) {
   const auto policies = built_policy_names();
   std::printf("difftx check: every module on x [%td, %td, 16] with random weights, policies built: ", batch, seq);
-  for (const auto& p : policies) std::printf("%s%s", p.c_str(), &p == &policies.back() ? "\n" : ", ");
+  for (const auto& p : policies) std::printf("%s%s", policy_description(p).c_str(), &p == &policies.back() ? "\n" : ", ");
   std::printf("  modules: C = 16, h = 2, g = 1, l = 1, F = 24; attention H = 4, G = 2; decoder_stack = 2 decoder layers;"
               " %d thread%s\n", threads, threads == 1 ? "" : "s");
   std::printf("  gradcheck: float64, %td sampled entries per tensor against five-point finite differences, bar %.0e\n",

@@ -192,16 +192,16 @@ void add_retrieval_command(CLI::App& app) {
   cmd->add_option("--filler", s.task.filler, "distinct haystack filler tokens")->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_option("--value-length", s.task.value_length, "tokens per value")->capture_default_str()->check(CLI::Range(1, 16));
   // Model.
-  cmd->add_option("--d-model", s.model.d_model, "model width C (= 2 x heads x D, D in {8, 16, 32})")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--heads", s.model.heads, "differential heads h (the Transformer gets 2h)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--d-model", s.model.d_model, "model width C (= 2 x heads x D, D in {8, 16, 32})")->capture_default_str()->check(count_in(1));
+  cmd->add_option("--heads", s.model.heads, "differential heads h (the Transformer gets 2h)")->capture_default_str()->check(count_in(1));
   cmd->add_option("--layers", s.model.layers, "decoder layers")->capture_default_str()->check(CLI::Range(1, 64));
-  cmd->add_option("--ffn", s.model.ffn_dim, "SwiGLU hidden size")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--ffn", s.model.ffn_dim, "SwiGLU hidden size")->capture_default_str()->check(count_in(1));
   // Training.
   auto* steps = cmd->add_option("--steps", s.train.steps, "optimiser steps per model")->capture_default_str()->check(CLI::Range(1, 10000000));
   cmd->add_option("--batch", s.train.batch, "sequences per step")->capture_default_str()->check(CLI::Range(1, 4096));
-  auto* warmup = cmd->add_option("--warmup", s.train.warmup, "linear warm-up steps, then cosine decay to 10% (default: min(100, steps / 10))")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--lr", s.train.lr, "peak learning rate (AdamW)")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--weight-decay", s.train.weight_decay, "AdamW decoupled weight decay on matrices")->capture_default_str()->check(CLI::NonNegativeNumber);
+  auto* warmup = cmd->add_option("--warmup", s.train.warmup, "linear warm-up steps, then cosine decay to 10% (default: min(100, steps / 10))")->check(positive_finite(true));
+  cmd->add_option("--lr", s.train.lr, "peak learning rate (AdamW)")->capture_default_str()->check(positive_finite());
+  cmd->add_option("--weight-decay", s.train.weight_decay, "AdamW decoupled weight decay on matrices")->capture_default_str()->check(positive_finite(true));
   cmd->add_option("--seed", s.train.seed, "seed of the data and the initialisation")->capture_default_str();
   // Evaluation and running.
   auto* per_cell = cmd->add_option("--eval-per-cell", s.eval.per_cell, "evaluation sequences per (N, R, depth)")->capture_default_str()->check(CLI::Range(1, 100000));

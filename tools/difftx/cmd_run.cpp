@@ -1,7 +1,10 @@
 // difftx run: one module on weights from a safetensors file and an input from
 // an .npy file; writes the output and, given dY, the input and weight gradients.
 #include <algorithm>
+#include <filesystem>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include <difftx/io/npy.hpp>
 #include <difftx/io/safetensors.hpp>
@@ -38,6 +41,11 @@ module_spec spec_from_weights(const run_options& o, const io::tensor_file& weigh
             "shape " + shape_string(shape));
     return shape;
   };
+  // heads · D, checked (--heads is at most 2^24, D a file's dimension).
+  auto rows_of = [](index_t heads, index_t head_dim, const std::string& name) {
+    return static_cast<index_t>(checked_multiply(static_cast<std::uint64_t>(heads), static_cast<std::uint64_t>(head_dim),
+                                                 max_tensor_elements, "run", name, "a row count heads · D"));
+  };
   const std::string attn = o.module == "decoder_layer" ? "attn." : "", ffn = o.module == "decoder_layer" ? "ffn." : "";
   if (o.module == "rmsnorm") {
     s.d_model = shape_of("weight", 1)[0];
@@ -58,8 +66,9 @@ module_spec spec_from_weights(const run_options& o, const io::tensor_file& weigh
   if (maps == 2) {
     s.head_dim = shape_of(attn + "lambda_q1", 1)[0];
     if (s.heads == 0) s.heads = std::max<index_t>(1, q[0] / (2 * s.head_dim));
-    require(q[0] == 2 * s.heads * s.head_dim, "run", q_name,
-            std::to_string(2 * s.heads * s.head_dim) + " rows = 2·h·D with h = " + std::to_string(s.heads) +
+    const auto rows = rows_of(2 * s.heads, s.head_dim, q_name);
+    require(q[0] == rows, "run", q_name,
+            std::to_string(rows) + " rows = 2·h·D with h = " + std::to_string(s.heads) +
                 (o.heads ? " (--heads)" : "") + " and D = " + std::to_string(s.head_dim) + " (from lambda_q1)",
             "shape " + shape_string(q));
   } else {
@@ -69,8 +78,9 @@ module_spec spec_from_weights(const run_options& o, const io::tensor_file& weigh
   }
   if (s.kv_heads == 0) s.kv_heads = s.heads;
   const auto k = shape_of(attn + "k_proj.weight", 2);
-  require(k[0] == maps * s.kv_heads * s.head_dim, "run", label + ": " + attn + "k_proj.weight",
-          std::to_string(maps * s.kv_heads * s.head_dim) + " rows = " + (maps == 2 ? "2·g·D" : "G·D") + " with " +
+  const auto k_rows = rows_of(maps * s.kv_heads, s.head_dim, label + ": " + attn + "k_proj.weight");
+  require(k[0] == k_rows, "run", label + ": " + attn + "k_proj.weight",
+          std::to_string(k_rows) + " rows = " + (maps == 2 ? "2·g·D" : "G·D") + " with " +
               (maps == 2 ? "g = " : "G = ") + std::to_string(s.kv_heads) +
               (o.kv_heads ? " (--kv-heads)" : " (as many as heads; see --kv-heads)") + " and D = " +
               std::to_string(s.head_dim),
@@ -81,27 +91,63 @@ module_spec spec_from_weights(const run_options& o, const io::tensor_file& weigh
   return s;
 }
 
+// Two output options naming one file would keep only the last result.
+void require_distinct_outputs(const run_options& o) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<std::string, std::string>> named{{"--output", o.output}};
+  if (!o.grad_input.empty()) named.emplace_back("--grad-input", o.grad_input);
+  if (!o.grad_weights.empty()) named.emplace_back("--grad-weights", o.grad_weights);
+  std::error_code ec;
+  for (std::size_t i = 0; i < named.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (fs::weakly_canonical(fs::absolute(named[i].second, ec), ec) ==
+          fs::weakly_canonical(fs::absolute(named[j].second, ec), ec))
+        throw CLI::ValidationError(named[i].first, "names the same file as " + named[j].first + " (" +
+                                                       named[j].second + "); each output needs its own path");
+}
+
 void run(const run_options& o) {
   const auto type = checked_dtype(o.dtype, o.policy);
   if (o.module == "attention" && o.heads == 0) throw CLI::RequiredError("--heads (for --module attention)");
   if (o.heads > 0 && o.kv_heads > 0 && o.heads % o.kv_heads != 0)
     throw CLI::ValidationError("--kv-heads", "must divide --heads " + std::to_string(o.heads));
+  require_distinct_outputs(o);
 
-  // Read and check everything before computing anything.
-  const auto weights = io::read_safetensors(o.weights);
-  auto module = make_runner(spec_from_weights(o, weights), o.policy, type);
-  module->load(weights, o.weights);
+  // All or nothing: every output's temporary file is created first (a path
+  // that cannot be written fails before any work), everything is read, checked
+  // and computed, the results must be finite, and only then are the files
+  // written and renamed over their targets. Any failure leaves every output
+  // path as it was.
+  io::remove_temporaries_on_signals();
+  io::output_files outputs;
+  const auto y_file = outputs.add(o.output, "write_npy");
+  const auto dx_file = o.grad_input.empty() ? 0 : outputs.add(o.grad_input, "write_npy");
+  const auto dw_file = o.grad_weights.empty() ? 0 : outputs.add(o.grad_weights, "write_safetensors");
+
+  std::unique_ptr<runner> module;
+  {
+    const auto weights = io::read_safetensors(o.weights);
+    module = make_runner(spec_from_weights(o, weights), o.policy, type);
+    module->load(weights, o.weights);
+  }
   module->set_input(io::read_npy(o.input), o.input);
   const bool backward = !o.grad_output.empty();
   if (backward) module->set_grad_output(io::read_npy(o.grad_output), o.grad_output);
 
   module->forward();
-  if (backward) module->backward();
+  module->require_finite_output();
+  if (backward) {
+    module->backward();
+    module->require_finite_gradients();
+  }
 
   const auto file_type = type == io::dtype::f64 ? io::dtype::f64 : io::dtype::f32;
-  io::write_npy(o.output, module->output(file_type));
-  if (!o.grad_input.empty()) io::write_npy(o.grad_input, module->grad_input(file_type));
-  if (!o.grad_weights.empty()) io::write_safetensors(o.grad_weights, module->gradients(file_type));
+  outputs.write(y_file, [&](std::ostream& out) { io::write_npy_to(out, module->output(file_type), o.output); });
+  if (!o.grad_input.empty())
+    outputs.write(dx_file, [&](std::ostream& out) { io::write_npy_to(out, module->grad_input(file_type), o.grad_input); });
+  if (!o.grad_weights.empty())
+    outputs.write(dw_file, [&](std::ostream& out) { io::write_safetensors_to(out, module->gradients(file_type)); });
+  outputs.commit();
 }
 
 }  // namespace
@@ -124,17 +170,17 @@ void add_run_command(CLI::App& app) {
       ->needs(grad_output);
   cmd->add_option("--heads", o->heads,
                   "heads h (attention: H, required); default: q_proj rows / (2 D) with D from lambda_q1")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-heads", o->kv_heads, "key/value groups g (default: as many as heads)")->check(CLI::PositiveNumber);
+      ->check(count_in(1));
+  cmd->add_option("--kv-heads", o->kv_heads, "key/value groups g (default: as many as heads)")->check(count_in(1));
   cmd->add_option("--layer-index", o->layer_index, "layer index l, sets lambda_init = 0.8 - 0.6 exp(-0.3 l)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(count_in(0))
       ->capture_default_str();
-  cmd->add_option("--rope-theta", o->rope_theta, "RoPE base")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--rope-theta", o->rope_theta, "RoPE base")->check(positive_finite())->capture_default_str();
   cmd->add_flag("--no-causal", o->no_causal, "attend to every position, not only earlier ones");
   cmd->add_option("--ffn-dim", o->ffn_dim, "SwiGLU hidden size F (default: from gate_proj.weight)")
-      ->check(CLI::PositiveNumber);
+      ->check(count_in(1));
   cmd->add_option("--eps", o->eps, "RMSNorm epsilon (rmsnorm, and decoder_layer's two norms)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_finite())
       ->capture_default_str();
   add_dtype_option(*cmd, o->dtype);
   add_policy_option(*cmd, o->policy);

@@ -22,6 +22,17 @@ void add_check_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_retrieval_command(CLI::App& app);  // the training demo (cmd_retrieval.cpp)
 
+// The largest count any option takes (heads, widths, lengths, indices): far
+// above any real layer, far below where products of a few counts overflow.
+inline constexpr long long max_count = 1LL << 24;
+// The most threads --threads takes (OpenMP runtimes fail in their own ways past a few thousand).
+inline constexpr int max_threads = 1024;
+
+// n in [low, max_count], with a one-line message otherwise.
+CLI::Validator count_in(long long low);
+// A finite number > 0 (or >= 0 with allow_zero), with a one-line message otherwise.
+CLI::Validator positive_finite(bool allow_zero = false);
+
 // --policy NAME: a policy in the registry; defaults to the fastest built.
 CLI::Option* add_policy_option(CLI::App& command, std::string& policy);
 // --dtype NAME: float64, float32, bfloat16 or float16; defaults to float32.

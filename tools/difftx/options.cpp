@@ -1,4 +1,6 @@
 // Options shared by several commands.
+#include <cmath>
+
 #include "commands.hpp"
 #include "runner.hpp"
 
@@ -11,6 +13,28 @@ std::string joined(const std::vector<std::string>& names) {
   return out;
 }
 }  // namespace
+
+CLI::Validator count_in(long long low) {
+  return CLI::Validator(
+      [low](std::string& text) -> std::string {
+        long long n = 0;
+        if (!CLI::detail::lexical_cast(text, n) || n < low || n > max_count)
+          return "expected an integer from " + std::to_string(low) + " to " + std::to_string(max_count) + ", got " + text;
+        return "";
+      },
+      "INT in [" + std::to_string(low) + ", 2^24]");
+}
+
+CLI::Validator positive_finite(bool allow_zero) {
+  return CLI::Validator(
+      [allow_zero](std::string& text) -> std::string {
+        double x = 0;
+        if (!CLI::detail::lexical_cast(text, x) || !std::isfinite(x) || x < 0 || (x == 0 && !allow_zero))
+          return std::string("expected a finite number ") + (allow_zero ? ">= 0" : "> 0") + ", got " + text;
+        return "";
+      },
+      allow_zero ? "FLOAT >= 0" : "FLOAT > 0");
+}
 
 CLI::Option* add_policy_option(CLI::App& command, std::string& policy) {
   policy = fastest_policy();
@@ -38,8 +62,11 @@ CLI::Option* add_module_option(CLI::App& command, std::string& module) {
 }
 
 CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& default_text) {
-  return command.add_option("--threads", threads, "threads of a policy that runs several (simd; default: " + default_text + ")")
-      ->check(CLI::PositiveNumber);
+  return command
+      .add_option("--threads", threads,
+                  "threads of a policy that runs several (simd; at most " + std::to_string(max_threads) +
+                      "; default: " + default_text + ")")
+      ->check(CLI::Range(1, max_threads));
 }
 
 io::dtype checked_dtype(const std::string& dtype, const std::string& policy) {

@@ -43,6 +43,16 @@ std::vector<index_t> built_head_dims(std::string_view policy) {
   return dims;
 }
 
+std::string policy_description(std::string_view policy) {
+  std::string description(policy);
+  for_each_policy([&](auto entry) {
+    using Policy = typename decltype(entry)::policy_type;
+    if constexpr (requires { Policy::instruction_set(); })
+      if (policy == Policy::name) description += std::string(" (") + Policy::instruction_set() + ")";
+  });
+  return description;
+}
+
 bool computes_in(std::string_view policy, io::dtype type) {
   return with_type(type, [&]<class T>() {
     bool supported = false;

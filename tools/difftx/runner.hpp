@@ -51,6 +51,11 @@ class runner {
   virtual void set_grad_output(const io::stored_tensor& dy, const std::string& label) = 0;
   virtual void forward() = 0;   // y = module(x), saving what backward needs
   virtual void backward() = 0;  // dx from dy; parameter gradients accumulate
+  // Throw input_error if y (after forward) or dx and a parameter gradient
+  // (after backward) holds a NaN or an infinity, naming the tensor, the first
+  // such element and, for y, the first intermediate where it began.
+  virtual void require_finite_output() const = 0;
+  virtual void require_finite_gradients() = 0;
   virtual io::stored_tensor output(io::dtype type) const = 0;
   virtual io::stored_tensor grad_input(io::dtype type) const = 0;
 
@@ -61,6 +66,8 @@ class runner {
 std::vector<std::string> built_policy_names();  // slowest first
 std::string fastest_policy();
 std::vector<index_t> built_head_dims(std::string_view policy);
+// "simd (avx512bw)" for a policy that reports its instruction set, else the name.
+std::string policy_description(std::string_view policy);
 bool computes_in(std::string_view policy, io::dtype type);
 
 // Throws input_error for a policy or head size that is not built.

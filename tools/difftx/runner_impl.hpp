@@ -56,6 +56,28 @@ class module_runner final : public runner {
   }
   void forward() override { module_.forward(x_.view(), y_.view(), saved_); }
   void backward() override { module_.backward(x_.view(), dy_.view(), saved_, dx_.view()); }
+  void require_finite_output() const override {
+    double value = 0;
+    const index_t i = detail::first_non_finite_index(y_.data(), y_.size(), y_.memory(), value);
+    if (i < 0) return;
+    const auto began = first_non_finite(saved_);
+    throw input_error("run", "output", "finite values from finite inputs and weights",
+                      std::to_string(value) + " at " + position(y_.shape(), i) + " as " +
+                          std::string(scalar_traits<T>::name) + "; first non-finite intermediate: " +
+                          (began ? began->describe() : "none (the output projection overflows)"));
+  }
+  void require_finite_gradients() override {
+    double value = 0;
+    if (const index_t i = detail::first_non_finite_index(dx_.data(), dx_.size(), dx_.memory(), value); i >= 0)
+      throw input_error("run", "grad_input", "finite values from finite inputs, weights and dY",
+                        std::to_string(value) + " at " + position(dx_.shape(), i) + ": the backward overflows " +
+                            std::string(scalar_traits<T>::name));
+    for (const auto& p : module_.parameters())
+      if (const index_t i = detail::first_non_finite_index(p.grad, p.size(), *p.memory, value); i >= 0)
+        throw input_error("run", "gradient of " + p.name, "finite values from finite inputs, weights and dY",
+                          std::to_string(value) + " at flat index " + std::to_string(i) +
+                              ": the backward overflows " + std::string(scalar_traits<T>::name));
+  }
   io::stored_tensor output(io::dtype type) const override { return to_stored(y_, type); }
   io::stored_tensor grad_input(io::dtype type) const override { return to_stored(dx_, type); }
 
@@ -71,6 +93,10 @@ class module_runner final : public runner {
  private:
   memory_resource& memory() const { return module_.policy().memory(); }
   static std::string as_type(const std::string& name) { return name + " as " + std::string(scalar_traits<T>::name); }
+  // "[b, n, c]" for flat index i of shape.
+  static std::string position(const shape_t<3>& shape, index_t i) {
+    return shape_string(shape_t<3>{i / (shape[1] * shape[2]), i / shape[2] % shape[1], i % shape[2]});
+  }
 
   // A stored tensor of the expected shape as T in the policy's memory; its
   // values must be finite in T (a float32 value can overflow float16).

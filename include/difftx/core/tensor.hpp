@@ -9,6 +9,7 @@
 #include <array>
 #include <cstddef>
 #include <memory>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -16,6 +17,7 @@
 
 #include "difftx/core/error.hpp"
 #include "difftx/core/memory.hpp"
+#include "difftx/core/sizes.hpp"
 
 namespace difftx {
 
@@ -107,6 +109,8 @@ using cview = TensorView<const std::type_identity_t<T>, Rank>;
 
 // An owning, aligned, value-initialised (zero) tensor in a memory_resource.
 // Copies are deep; moves steal. Device tensors need a trivially copyable T.
+// A shape with a negative extent, more than max_tensor_elements elements or
+// more bytes than the resource can allocate throws input_error("Tensor", ...).
 template <class T, std::size_t Rank>
 class Tensor {
  public:
@@ -186,8 +190,15 @@ class Tensor {
   std::size_t bytes() const noexcept { return static_cast<std::size_t>(size()) * sizeof(T); }
 
   void allocate_uninitialised() {
-    if (size() == 0) return;
-    data_ = static_cast<T*>(memory_->allocate(bytes()));
+    const auto count = checked_element_count(shape_, "Tensor", "shape");
+    if (count == 0) return;
+    const auto wanted = checked_bytes(count, sizeof(T), "Tensor", "shape");
+    try {
+      data_ = static_cast<T*>(memory_->allocate(wanted));
+    } catch (const std::bad_alloc&) {
+      throw input_error("Tensor", "shape " + shape_string(shape_), "a tensor that fits in memory",
+                        std::to_string(wanted) + " bytes, more than can be allocated");
+    }
   }
   void allocate_zeroed() {
     allocate_uninitialised();

@@ -1,19 +1,29 @@
-// Whole files in and out. A file is read all at once; it is written all at
-// once or not at all: the bytes go to a temporary file in the same folder,
-// which is renamed over the target only when complete, so a failure (full
-// disk, bad path, exception) never leaves a half-written file.
+// Whole files in and out. A file is read all at once; files are written all
+// at once or not at all: the bytes go to a temporary file in the target's
+// folder, which is renamed over the target only when complete, so a failure
+// (full disk, bad path, exception) never leaves a half-written file.
+//
+// output_files does that for several files together: every temporary is
+// created before any work (so a path that cannot be written fails first),
+// filled, and only when all are complete renamed over their targets.
+// remove_temporaries_on_signals() makes SIGINT, SIGTERM and SIGHUP remove the
+// temporaries in flight before the process ends as the signal says.
 #pragma once
 
+#include <array>
+#include <atomic>
+#include <csignal>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <new>
 #include <random>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "difftx/core/checks.hpp"
@@ -25,40 +35,168 @@ inline std::vector<std::byte> read_file_bytes(const std::filesystem::path& path,
   std::error_code ec;
   require(std::filesystem::is_regular_file(path, ec), where, path.string(), "a readable file",
           std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   require(static_cast<bool>(in), where, path.string(), "a readable file", "cannot open it");
-  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  require(!in.bad(), where, path.string(), "a readable file", "a read error");
-  std::vector<std::byte> bytes(chars.size());
-  std::memcpy(bytes.data(), chars.data(), chars.size());
+  const auto size = static_cast<std::size_t>(in.tellg());
+  std::vector<std::byte> bytes;
+  try {
+    bytes.resize(size);
+  } catch (const std::bad_alloc&) {
+    throw input_error(std::string(where), path.string(), "a file that fits in memory",
+                      "input needs " + std::to_string(size) + " bytes, more than can be allocated");
+  }
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
+  require(static_cast<std::size_t>(in.gcount()) == size && in.peek() == std::ifstream::traits_type::eof(), where,
+          path.string(), "a file that does not change while it is read",
+          std::to_string(in.gcount()) + " bytes where it had " + std::to_string(size));
   return bytes;
 }
 
-// write(std::ostream&) produces the content.
+namespace detail {
+
+// The temporaries in flight, as plain character arrays an async-signal-safe
+// handler can read. A temporary whose path does not fit is simply not listed.
+struct temporary_registry {
+  static constexpr std::size_t slots = 64, path_capacity = 4096;
+  std::array<std::atomic<bool>, slots> claimed{};  // owned by an output_files
+  std::array<std::atomic<bool>, slots> visible{};  // path complete: the handler may remove it
+  std::array<std::array<char, path_capacity>, slots> paths{};
+
+  static temporary_registry& instance() noexcept {
+    static temporary_registry registry;
+    return registry;
+  }
+  // The slot now holding path, or `slots` if none was free.
+  std::size_t add(const std::string& path) noexcept {
+    if (path.size() >= path_capacity) return slots;
+    for (std::size_t i = 0; i < slots; ++i) {
+      bool expected = false;
+      if (!claimed[i].compare_exchange_strong(expected, true)) continue;
+      std::memcpy(paths[i].data(), path.c_str(), path.size() + 1);
+      visible[i].store(true);
+      return i;
+    }
+    return slots;
+  }
+  void remove(std::size_t slot) noexcept {
+    if (slot >= slots) return;
+    visible[slot].store(false);
+    claimed[slot].store(false);
+  }
+};
+
+extern "C" inline void remove_temporaries_and_reraise(int signal_number) {
+  auto& registry = temporary_registry::instance();
+  for (std::size_t i = 0; i < temporary_registry::slots; ++i)
+    if (registry.visible[i].load()) std::remove(registry.paths[i].data());  // unlink(2): async-signal-safe
+  std::signal(signal_number, SIG_DFL);
+  std::raise(signal_number);
+}
+
+}  // namespace detail
+
+// Installs the handler for SIGINT, SIGTERM and SIGHUP (a program's choice, so
+// the library never does it on its own): temporaries in flight are removed,
+// then the signal ends the process as it would have.
+inline void remove_temporaries_on_signals() {
+  detail::temporary_registry::instance();  // constructed now, not inside the handler
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, detail::remove_temporaries_and_reraise);
+}
+
+class output_files {
+ public:
+  output_files() = default;
+  output_files(const output_files&) = delete;
+  output_files& operator=(const output_files&) = delete;
+  ~output_files() { discard(); }
+
+  // Creates the temporary for target now; `where` names the writer in errors.
+  // Throws input_error if the folder does not exist, the temporary cannot be
+  // created, or target is already an output of this set (one path, one result).
+  // Returns the file's index for write().
+  std::size_t add(const std::filesystem::path& target, std::string_view where) {
+    namespace fs = std::filesystem;
+    const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec))
+      throw input_error(std::string(where), target.string(), "a path in an existing folder", "no folder " + folder.string());
+    if (fs::is_directory(target, ec))
+      throw input_error(std::string(where), target.string(), "a file path", "a folder");
+    const fs::path canonical = fs::weakly_canonical(fs::absolute(target, ec), ec);
+    for (const auto& f : files_)
+      if (f.canonical == canonical)
+        throw input_error(std::string(where), target.string(), "a path that no other output uses",
+                          "a path given for another output too");
+    entry e{target, canonical, {}, std::string(where), detail::temporary_registry::slots, false};
+    for (int attempt = 0; attempt < 100 && e.temporary.empty(); ++attempt) {
+      fs::path candidate = folder / ("." + target.filename().string() + ".tmp" + std::to_string(std::random_device{}()));
+      if (fs::exists(candidate, ec)) continue;
+      std::ofstream create(candidate, std::ios::binary | std::ios::trunc);
+      if (!create) throw input_error(e.where, target.string(), "a writable file", "cannot create " + candidate.string());
+      e.temporary = std::move(candidate);
+    }
+    if (e.temporary.empty()) throw input_error(e.where, target.string(), "a free temporary name", "none in 100 tries");
+    e.slot = detail::temporary_registry::instance().add(e.temporary.string());
+    files_.push_back(std::move(e));
+    return files_.size() - 1;
+  }
+
+  // Fills file `index`'s temporary: write(std::ostream&) produces the content.
+  template <class Writer>
+  void write(std::size_t index, Writer&& write) {
+    auto& f = files_.at(index);
+    std::ofstream out(f.temporary, std::ios::binary | std::ios::trunc);
+    if (!out) throw input_error(f.where, f.target.string(), "a writable file", "cannot open " + f.temporary.string());
+    write(out);
+    out.flush();
+    if (!out) throw input_error(f.where, f.target.string(), "a complete write", "a write error");
+    f.written = true;
+  }
+
+  // Renames every temporary over its target; all must have been written.
+  // (Renames within a folder fail only if the target changes meanwhile, e.g.
+  // becomes a folder; then the outputs renamed before it stay replaced.)
+  void commit() {
+    for (const auto& f : files_)
+      require(f.written, f.where, f.target.string(), "a written output before commit", "none written");
+    for (auto& f : files_) {
+      std::error_code ec;
+      std::filesystem::rename(f.temporary, f.target, ec);
+      if (ec) throw input_error(f.where, f.target.string(), "a file that can be replaced", ec.message());
+      detail::temporary_registry::instance().remove(f.slot);
+      f.temporary.clear();
+    }
+    files_.clear();
+  }
+
+  // Removes every temporary not yet renamed; the targets stay as they were.
+  void discard() noexcept {
+    for (auto& f : files_) {
+      if (f.temporary.empty()) continue;
+      std::error_code ec;
+      std::filesystem::remove(f.temporary, ec);
+      detail::temporary_registry::instance().remove(f.slot);
+    }
+    files_.clear();
+  }
+
+ private:
+  struct entry {
+    std::filesystem::path target, canonical, temporary;
+    std::string where;
+    std::size_t slot;
+    bool written;
+  };
+  std::vector<entry> files_;
+};
+
+// One file, atomically: write(std::ostream&) produces the content.
 template <class Writer>
 void write_atomically(const std::filesystem::path& path, std::string_view where, Writer&& write) {
-  namespace fs = std::filesystem;
-  const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  std::error_code ec;
-  if (!fs::is_directory(folder, ec))
-    throw input_error(std::string(where), path.string(), "a path in an existing folder",
-                      "no folder " + folder.string());
-  const fs::path temporary =
-      folder / ("." + path.filename().string() + ".tmp" + std::to_string(std::random_device{}()));
-  try {
-    {
-      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-      if (!out) throw input_error(std::string(where), path.string(), "a writable file", "cannot open " + temporary.string());
-      write(out);
-      out.flush();
-      if (!out) throw input_error(std::string(where), path.string(), "a complete write", "a write error");
-    }
-    fs::rename(temporary, path, ec);
-    if (ec) throw input_error(std::string(where), path.string(), "a file that can be replaced", ec.message());
-  } catch (...) {
-    fs::remove(temporary, ec);
-    throw;
-  }
+  output_files files;
+  files.write(files.add(path, where), std::forward<Writer>(write));
+  files.commit();
 }
 
 }  // namespace difftx::io

@@ -60,60 +60,62 @@ inline std::optional<dtype> parse_dtype_name(std::string_view name) noexcept {
   return std::nullopt;
 }
 
+// One element of type t at p, as a double (which holds every one exactly).
+inline double decode_one(dtype t, const std::byte* p) noexcept {
+  switch (t) {
+    case dtype::f64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return d;
+    }
+    case dtype::f32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case dtype::f16: {
+      std::uint16_t raw;
+      std::memcpy(&raw, p, 2);
+      return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(raw));
+    }
+    case dtype::bf16: break;
+  }
+  std::uint16_t raw;
+  std::memcpy(&raw, p, 2);
+  return static_cast<float>(Eigen::numext::bit_cast<Eigen::bfloat16>(raw));
+}
+
+// Stores value as type t at p, rounding to nearest even where t is narrower.
+inline void encode_one(dtype t, double value, std::byte* p) noexcept {
+  switch (t) {
+    case dtype::f64: std::memcpy(p, &value, 8); return;
+    case dtype::f32: {
+      const float f = static_cast<float>(value);
+      std::memcpy(p, &f, 4);
+      return;
+    }
+    case dtype::f16: {
+      const auto raw = Eigen::numext::bit_cast<std::uint16_t>(Eigen::half(static_cast<float>(value)));
+      std::memcpy(p, &raw, 2);
+      return;
+    }
+    case dtype::bf16: break;
+  }
+  const auto raw = Eigen::numext::bit_cast<std::uint16_t>(Eigen::bfloat16(static_cast<float>(value)));
+  std::memcpy(p, &raw, 2);
+}
+
 // Decodes `count` elements of type t from bytes.
 inline std::vector<double> decode(dtype t, const std::byte* bytes, std::size_t count) {
   std::vector<double> out(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::byte* p = bytes + i * size_of(t);
-    switch (t) {
-      case dtype::f64: std::memcpy(&out[i], p, 8); break;
-      case dtype::f32: {
-        float f;
-        std::memcpy(&f, p, 4);
-        out[i] = f;
-        break;
-      }
-      case dtype::f16: {
-        std::uint16_t raw;
-        std::memcpy(&raw, p, 2);
-        out[i] = static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(raw));
-        break;
-      }
-      case dtype::bf16: {
-        std::uint16_t raw;
-        std::memcpy(&raw, p, 2);
-        out[i] = static_cast<float>(Eigen::numext::bit_cast<Eigen::bfloat16>(raw));
-        break;
-      }
-    }
-  }
+  for (std::size_t i = 0; i < count; ++i) out[i] = decode_one(t, bytes + i * size_of(t));
   return out;
 }
 
-// Encodes values as type t, rounding to nearest even where t is narrower.
+// Encodes values as type t.
 inline std::vector<std::byte> encode(dtype t, const std::vector<double>& values) {
   std::vector<std::byte> out(values.size() * size_of(t));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    std::byte* p = out.data() + i * size_of(t);
-    switch (t) {
-      case dtype::f64: std::memcpy(p, &values[i], 8); break;
-      case dtype::f32: {
-        const float f = static_cast<float>(values[i]);
-        std::memcpy(p, &f, 4);
-        break;
-      }
-      case dtype::f16: {
-        const auto raw = Eigen::numext::bit_cast<std::uint16_t>(Eigen::half(static_cast<float>(values[i])));
-        std::memcpy(p, &raw, 2);
-        break;
-      }
-      case dtype::bf16: {
-        const auto raw = Eigen::numext::bit_cast<std::uint16_t>(Eigen::bfloat16(static_cast<float>(values[i])));
-        std::memcpy(p, &raw, 2);
-        break;
-      }
-    }
-  }
+  for (std::size_t i = 0; i < values.size(); ++i) encode_one(t, values[i], out.data() + i * size_of(t));
   return out;
 }
 

@@ -13,10 +13,12 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "difftx/core/sizes.hpp"
 #include "difftx/io/atomic_file.hpp"
 #include "difftx/io/tensor_file.hpp"
 
@@ -155,7 +157,8 @@ constexpr std::size_t npy_alignment = 64;  // the header is padded so the data s
 
 }  // namespace detail
 
-inline stored_tensor parse_npy(const std::vector<std::byte>& bytes, const std::string& label) {
+// Takes the file's bytes by value: the data moves into the tensor without a copy.
+inline stored_tensor parse_npy(std::vector<std::byte> bytes, const std::string& label) {
   constexpr std::string_view where = "read_npy";
   auto fail = [&](const std::string& what, const std::string& expected, const std::string& got) {
     throw input_error(std::string(where), label + ": " + what, expected, got);
@@ -195,18 +198,15 @@ inline stored_tensor parse_npy(const std::vector<std::byte>& bytes, const std::s
     fail("descr", "dtype '<f4' (float32) or '<f8' (float64)", "'" + header.descr + "'");
   if (header.fortran_order) fail("fortran_order", "C order (fortran_order False)", "Fortran order");
   t.shape = header.shape;
-  std::uint64_t count = 1;
-  for (auto e : t.shape) {
-    count *= static_cast<std::uint64_t>(e);
-    if (count > (std::uint64_t{1} << 40)) fail("shape", "a tensor of at most 2^40 elements", shape_string(t.shape));
-  }
+  const auto count = checked_element_count(t.shape, where, label + ": shape " + shape_string(t.shape));
   const std::size_t data_begin = header_begin + header_size, data_size = bytes.size() - data_begin;
-  const std::uint64_t expected_size = count * size_of(t.type);
+  const std::uint64_t expected_size = checked_bytes(count, size_of(t.type), where, label + ": shape");
   if (data_size != expected_size)
     fail("data", std::to_string(expected_size) + " bytes for shape " + shape_string(t.shape) + " of " +
                      std::string(dtype_name(t.type)),
          std::to_string(data_size) + " bytes");
-  t.bytes.assign(bytes.begin() + static_cast<std::ptrdiff_t>(data_begin), bytes.end());
+  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(data_begin));  // in place, no reallocation
+  t.bytes = std::move(bytes);
   return t;
 }
 
@@ -214,8 +214,9 @@ inline stored_tensor read_npy(const std::filesystem::path& path) {
   return parse_npy(read_file_bytes(path, "read_npy"), path.string());
 }
 
-// Version 1.0, as numpy.save writes it. float32 and float64 only.
-inline std::vector<std::byte> serialise_npy(const stored_tensor& t, const std::string& label) {
+// The preamble and header of version 1.0, as numpy.save writes them, for t's
+// type and shape (float32 and float64 only); the data follows as t.bytes.
+inline std::string npy_header(const stored_tensor& t, const std::string& label) {
   constexpr std::string_view where = "write_npy";
   require(t.type == dtype::f64 || t.type == dtype::f32, where, label, "float32 or float64 data",
           std::string(dtype_name(t.type)));
@@ -232,22 +233,21 @@ inline std::vector<std::byte> serialise_npy(const stored_tensor& t, const std::s
   header += '\n';
   require(header.size() <= 0xffff, where, label, "a shape whose header fits .npy 1.0 (64 KiB)",
           std::to_string(t.shape.size()) + " dimensions");
-  std::vector<std::byte> bytes(10 + header.size());
-  std::memcpy(bytes.data(), detail::npy_magic.data(), detail::npy_magic.size());
-  bytes[6] = std::byte{1};
-  bytes[7] = std::byte{0};
-  const auto n = static_cast<std::uint16_t>(header.size());
-  std::memcpy(bytes.data() + 8, &n, 2);
-  std::memcpy(bytes.data() + 10, header.data(), header.size());
-  bytes.insert(bytes.end(), t.bytes.begin(), t.bytes.end());
-  return bytes;
+  std::string preamble(detail::npy_magic);
+  preamble += {'\x01', '\x00', static_cast<char>(header.size() & 0xff), static_cast<char>(header.size() >> 8)};
+  return preamble + header;
+}
+
+// Writes header and data straight to the stream (no copy of the data).
+inline void write_npy_to(std::ostream& out, const stored_tensor& t, const std::string& label) {
+  const auto header = npy_header(t, label);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
 }
 
 inline void write_npy(const std::filesystem::path& path, const stored_tensor& t) {
-  const auto bytes = serialise_npy(t, path.string());
-  write_atomically(path, "write_npy", [&](std::ostream& out) {
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  });
+  npy_header(t, path.string());  // checks before the file is touched
+  write_atomically(path, "write_npy", [&](std::ostream& out) { write_npy_to(out, t, path.string()); });
 }
 
 }  // namespace difftx::io

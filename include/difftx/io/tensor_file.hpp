@@ -3,6 +3,7 @@
 // onto one stored_tensor.
 #pragma once
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <string_view>
@@ -28,17 +29,26 @@ struct stored_tensor {
   static stored_tensor from_values(dtype type, std::vector<index_t> shape, const std::vector<double>& values) {
     return {type, std::move(shape), encode(type, values)};
   }
+  // The view's values stored as `type`, converted element by element (no
+  // intermediate copy: an output as large as memory allows still converts).
   template <Scalar T, std::size_t R>
   static stored_tensor from_view(dtype type, TensorView<const T, R> view) {
     require_space("stored_tensor::from_view", "view", view, memory_space::host);
-    return from_values(type, std::vector<index_t>(view.shape().begin(), view.shape().end()),
-                       to_doubles(view.data(), static_cast<std::size_t>(view.size())));
+    stored_tensor t{type, std::vector<index_t>(view.shape().begin(), view.shape().end()), {}};
+    const auto count = static_cast<std::size_t>(view.size());
+    t.bytes.resize(count * size_of(type));
+    for (std::size_t i = 0; i < count; ++i)
+      encode_one(type, scalar_traits<T>::to_double(view.data()[i]), t.bytes.data() + i * size_of(type));
+    return t;
   }
 
   // Throws input_error naming `where` and `name` at the first NaN or infinity.
   void require_finite(std::string_view where, std::string_view name) const {
-    const auto v = values();
-    ::difftx::require_finite(where, name, TensorView<const double, 1>(v.data(), {static_cast<index_t>(v.size())}));
+    const auto count = static_cast<std::size_t>(size());
+    for (std::size_t i = 0; i < count; ++i) {
+      const double x = decode_one(type, bytes.data() + i * size_of(type));
+      require(std::isfinite(x), where, name, "finite values", std::to_string(x) + " at flat index " + std::to_string(i));
+    }
   }
 
   // The values as a Tensor<T, R> of the expected shape; `where` and `name`
@@ -48,8 +58,9 @@ struct stored_tensor {
     require(shape == std::vector<index_t>(expected.begin(), expected.end()), where, name,
             "shape " + shape_string(expected), "shape " + shape_string(shape));
     Tensor<T, R> out(expected);
-    const auto v = values();
-    for (std::size_t i = 0; i < v.size(); ++i) out.data()[i] = scalar_traits<T>::from_double(v[i]);
+    const auto count = static_cast<std::size_t>(out.size());
+    for (std::size_t i = 0; i < count; ++i)
+      out.data()[i] = scalar_traits<T>::from_double(decode_one(type, bytes.data() + i * size_of(type)));
     return out;
   }
 };

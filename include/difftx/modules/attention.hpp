@@ -42,6 +42,15 @@ class Attention {
     Tensor<T, 4> v;                 // [B, N, G, D]
     Tensor<accum_t<T>, 4> lse;      // [B, H, 1, N]
     Tensor<T, 4> o;                 // [B, N, H, D] softmax(Q K^T / sqrt(D)) V, the out_proj input
+
+    template <class F>
+    void for_each_intermediate(const std::string& prefix, F&& f) const {
+      f(prefix + "q", "the queries (projected, rotated)", q);
+      f(prefix + "k", "the keys (projected, rotated)", k);
+      f(prefix + "v", "the values", v);
+      f(prefix + "lse", "the log-sum-exp of the attention scores", lse);
+      f(prefix + "o", "the attention output", o);
+    }
   };
 
   explicit Attention(const AttentionConfig& config, Policy policy = {})

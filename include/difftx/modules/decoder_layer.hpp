@@ -56,6 +56,17 @@ class BasicDecoderLayer {
     typename norm_type::saved_type ffn_norm;
     Tensor<T, 3> ffn_in;  // [B, N, C] RMSNorm(Y)
     typename ffn_type::saved_type ffn;
+
+    template <class F>
+    void for_each_intermediate(const std::string& prefix, F&& f) const {
+      attn_norm.for_each_intermediate(prefix + "attn_norm.", f);
+      f(prefix + "attn_in", "the attention's input RMSNorm(x)", attn_in);
+      attn.for_each_intermediate(prefix + "attn.", f);
+      f(prefix + "y", "the residual attn(norm(x)) + x", y);
+      ffn_norm.for_each_intermediate(prefix + "ffn_norm.", f);
+      f(prefix + "ffn_in", "the FFN's input RMSNorm(y)", ffn_in);
+      ffn.for_each_intermediate(prefix + "ffn.", f);
+    }
   };
 
   explicit BasicDecoderLayer(const config_type& config, Policy policy = {})

@@ -48,6 +48,13 @@ class DiffAttn {
     Tensor<accum_t<T>, 1> lambda;      // [1]
     Tensor<accum_t<T>, 4> lse;         // [B, h, 2, N] log-sum-exp of each row of both maps
     Tensor<T, 4> o2;                   // [B, N, h, 2D] softmax(Q2 K2^T / sqrt(D)) V
+
+    template <class F>
+    void for_each_intermediate(const std::string& prefix, F&& f) const {
+      f(prefix + "lambda", "lambda = exp(lq1·lk1) - exp(lq2·lk2) + lambda_init", lambda);
+      f(prefix + "lse", "the log-sum-exp of the attention scores", lse);
+      f(prefix + "o2", "the second map's output", o2);
+    }
   };
 
   explicit DiffAttn(const DiffAttnConfig& config, Policy policy = {})

@@ -47,6 +47,17 @@ class MultiHead {
     Tensor<T, 4> o;  // [B, N, h, 2D] (A1 - lambda A2) V, the subln input
     typename norm_type::saved_type subln;
     Tensor<T, 3> normed;  // [B, N, 2hD] subln output, the out_proj input
+
+    template <class F>
+    void for_each_intermediate(const std::string& prefix, F&& f) const {
+      f(prefix + "q", "the queries (projected, rotated)", q);
+      f(prefix + "k", "the keys (projected, rotated)", k);
+      f(prefix + "v", "the values", v);
+      attn.for_each_intermediate(prefix + "attn.", f);
+      f(prefix + "o", "the attention output", o);
+      subln.for_each_intermediate(prefix + "subln.", f);
+      f(prefix + "normed", "the subln output", normed);
+    }
   };
 
   explicit MultiHead(const MultiHeadConfig& config, Policy policy = {})

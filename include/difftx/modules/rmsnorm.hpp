@@ -22,6 +22,12 @@ class RMSNorm {
   struct saved_type {
     shape_t<3> input_shape{};
     Tensor<accum_t<T>, 1> rstd;  // [B·N]: 1 / rms of each row
+
+    // f(name, what, tensor) for each intermediate, in the order computed.
+    template <class F>
+    void for_each_intermediate(const std::string& prefix, F&& f) const {
+      f(prefix + "rstd", "1/rms of each row", rstd);
+    }
   };
 
   explicit RMSNorm(index_t dim, double eps = 1e-5, double scale = 1.0, Policy policy = {})

@@ -21,6 +21,15 @@ class Stack {
     shape_t<3> input_shape{};
     std::vector<typename Module::saved_type> layers;
     std::vector<Tensor<T, 3>> inputs;  // the input of layers 1..L-1 (layer 0's is x)
+
+    template <class F>
+    void for_each_intermediate(const std::string& prefix, F&& f) const {
+      for (std::size_t i = 0; i < layers.size(); ++i) {
+        const std::string layer = prefix + "layers." + std::to_string(i);
+        if (i > 0 && i - 1 < inputs.size()) f(layer + ".input", "the layer's input", inputs[i - 1]);
+        layers[i].for_each_intermediate(layer + ".", f);
+      }
+    }
   };
 
   explicit Stack(std::vector<Module> layers) : layers_(std::move(layers)) {

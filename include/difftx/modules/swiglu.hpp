@@ -27,6 +27,13 @@ class SwiGLU {
     Tensor<T, 3> gate;    // [B, N, F]  x W_G^T
     Tensor<T, 3> up;      // [B, N, F]  x W_1^T
     Tensor<T, 3> hidden;  // [B, N, F]  swish(gate) ⊙ up, the input of down_proj
+
+    template <class F>
+    void for_each_intermediate(const std::string& prefix, F&& f) const {
+      f(prefix + "gate", "the gate projection", gate);
+      f(prefix + "up", "the up projection", up);
+      f(prefix + "hidden", "swish(gate) * up", hidden);
+    }
   };
 
   // ffn_dim 0 selects default_ffn_dim(d_model).

@@ -5,6 +5,10 @@
 //             dlq1 += dlambda e1 lk1,  dlk1 += dlambda e1 lq1,
 //             dlq2 -= dlambda e2 lk2,  dlk2 -= dlambda e2 lq2
 // lambda_init = 0.8 - 0.6 exp(-0.3 l) for layer index l (see lambda_init()).
+// The forward computes e1 - e2 as ±exp(max) · (1 - exp(-|a - b|)) for the two
+// dot products a, b: equal products cancel to exactly 0 even where exp
+// overflows, and the difference overflows only where its true value does.
+// The backward needs e1 and e2 themselves, which overflow with them.
 #pragma once
 
 #include <cmath>

@@ -6,6 +6,10 @@
 //             dx[M, C] = rstd · (g - x̂ · mean_c(g ⊙ x̂))  (assign)
 //             dw[C]   += s · sum_M dy ⊙ x̂
 // rstd is kept in the accumulation type: it is what the backward needs.
+// A row whose sum of squares overflows the accumulation type (|x| near the
+// square root of its largest value, 1.8e19 in float) is summed again scaled
+// by its largest |x|, as BLAS's nrm2 does, so rstd is right wherever it is
+// representable; the backward uses x̂ = x · rstd, never rstd², for the same reason.
 #pragma once
 
 #include "difftx/ops/common.hpp"

@@ -10,33 +10,34 @@ namespace difftx {
 
 namespace cuda_detail {
 
-// e1 = exp(lq1 · lk1), e2 = exp(lq2 · lk2), by one warp.
+// a = lq1 · lk1, b = lq2 · lk2, by one warp.
 template <class DT>
-__device__ void lambda_exponentials(const DT* lq1, const DT* lk1, const DT* lq2, const DT* lk2, int d, float& e1,
-                                    float& e2) {
+__device__ void lambda_dots(const DT* lq1, const DT* lk1, const DT* lq2, const DT* lk2, int d, float& a, float& b) {
   float dot1 = 0, dot2 = 0;
   for (int c = threadIdx.x; c < d; c += 32) {
     dot1 += to_float(lq1[c]) * to_float(lk1[c]);
     dot2 += to_float(lq2[c]) * to_float(lk2[c]);
   }
-  e1 = expf(warp_sum(dot1));
-  e2 = expf(warp_sum(dot2));
+  a = warp_sum(dot1);
+  b = warp_sum(dot2);
 }
 
 template <class DT>
 __global__ void diff_lambda_forward_kernel(const DT* lq1, const DT* lk1, const DT* lq2, const DT* lk2, int d,
                                            float lambda_init, float* lambda) {
-  float e1, e2;
-  lambda_exponentials(lq1, lk1, lq2, lk2, d, e1, e2);
-  if (threadIdx.x == 0) lambda[0] = e1 - e2 + lambda_init;
+  float a, b;
+  lambda_dots(lq1, lk1, lq2, lk2, d, a, b);
+  // exp(a) - exp(b) in the overflow-safe form of ops/diff_lambda.hpp
+  const float gap = fabsf(a - b), difference = gap > 0 ? expf(fmaxf(a, b)) * -expm1f(-gap) : 0.0f;
+  if (threadIdx.x == 0) lambda[0] = (a > b ? difference : -difference) + lambda_init;
 }
 
 template <class DT>
 __global__ void diff_lambda_backward_kernel(const DT* lq1, const DT* lk1, const DT* lq2, const DT* lk2, int d,
                                             const float* dlambda, DT* dlq1, DT* dlk1, DT* dlq2, DT* dlk2) {
-  float e1, e2;
-  lambda_exponentials(lq1, lk1, lq2, lk2, d, e1, e2);
-  const float g1 = dlambda[0] * e1, g2 = dlambda[0] * e2;
+  float a, b;
+  lambda_dots(lq1, lk1, lq2, lk2, d, a, b);
+  const float g1 = dlambda[0] * expf(a), g2 = dlambda[0] * expf(b);
   for (int c = threadIdx.x; c < d; c += 32) {
     dlq1[c] = from_float<DT>(to_float(dlq1[c]) + g1 * to_float(lk1[c]));
     dlk1[c] = from_float<DT>(to_float(dlk1[c]) + g1 * to_float(lq1[c]));

@@ -22,8 +22,12 @@ void diff_lambda_forward(const policy::reference&, TensorView<const T, 1> lq1, c
   constexpr std::string_view where = "diff_lambda_forward";
   detail::check_diff_lambda(where, memory_space::host, lq1, lk1, lq2, lk2, lambda, "lambda");
   using A = accum_t<T>;
-  lambda(0) = scalar_traits<T>::exp(detail::dot<T>(lq1, lk1)) - scalar_traits<T>::exp(detail::dot<T>(lq2, lk2)) +
-              A(lambda_init);
+  const A a = detail::dot<T>(lq1, lk1), b = detail::dot<T>(lq2, lk2);
+  const bool a_larger = b < a;
+  const A larger = a_larger ? a : b, gap = a_larger ? a - b : b - a;  // gap >= 0
+  const A difference =
+      A(0) < gap ? scalar_traits<T>::exp(larger) * (A(1) - scalar_traits<T>::exp(-gap)) : A(0);  // |e1 - e2|
+  lambda(0) = (a_larger ? difference : -difference) + A(lambda_init);
 }
 
 // dlambda [1] -> dlq1, dlk1, dlq2, dlk2 [d] (+=)

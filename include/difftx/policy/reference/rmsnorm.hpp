@@ -1,6 +1,7 @@
 // Reference RMSNorm forward/backward (shapes and formulas in difftx/ops/rmsnorm.hpp).
 #pragma once
 
+#include <limits>
 #include <vector>
 
 #include "difftx/ops/rmsnorm.hpp"
@@ -20,7 +21,17 @@ void rmsnorm_forward(const policy::reference&, cview<T, 2> x, cview<T, 1> w, dou
   for (index_t m = 0; m < M; ++m) {
     A sum_sq(0.0);
     for (index_t c = 0; c < C; ++c) sum_sq = sum_sq + load(x(m, c)) * load(x(m, c));
-    const A r = A(1.0) / scalar_traits<T>::sqrt(sum_sq / A(static_cast<double>(C)) + A(eps));
+    A r = A(1.0) / scalar_traits<T>::sqrt(sum_sq / A(static_cast<double>(C)) + A(eps));
+    if (!(sum_sq < A(std::numeric_limits<double>::max()))) {  // overflowed (or merely large): rescale
+      A largest(0.0);
+      for (index_t c = 0; c < C; ++c) {
+        const A v = load(x(m, c)), magnitude = v < A(0.0) ? -v : v;
+        if (largest < magnitude) largest = magnitude;
+      }
+      A scaled_sq(0.0);
+      for (index_t c = 0; c < C; ++c) scaled_sq = scaled_sq + (load(x(m, c)) / largest) * (load(x(m, c)) / largest);
+      r = A(1.0) / (largest * scalar_traits<T>::sqrt(scaled_sq / A(static_cast<double>(C)) + A(eps) / (largest * largest)));
+    }
     rstd(m) = r;
     for (index_t c = 0; c < C; ++c) y(m, c) = store<T>(s * load(x(m, c)) * r * load(w(c)));
   }

@@ -2,6 +2,7 @@
 // per iteration over OpenMP threads, xsimd within the row.
 #pragma once
 
+#include <cmath>
 #include <vector>
 
 #include "difftx/ops/rmsnorm.hpp"
@@ -38,7 +39,15 @@ void rmsnorm_forward(const policy::simd& p, cview<T, 2> x, cview<T, 1> w, double
 #pragma omp for schedule(static)
     for (index_t m = 0; m < M; ++m) {
       const A* row = accum_row(x.data() + m * C, C, in_scratch);
-      const A r = A(1) / std::sqrt(dot(row, row, C) / static_cast<A>(C) + static_cast<A>(eps));
+      const A sum_sq = dot(row, row, C);
+      A r = A(1) / std::sqrt(sum_sq / static_cast<A>(C) + static_cast<A>(eps));
+      if (!std::isfinite(sum_sq)) {  // overflowed: rescale by the largest |x| (ops/rmsnorm.hpp)
+        A largest = 0;
+        for (index_t c = 0; c < C; ++c) largest = std::max(largest, std::abs(row[c]));
+        A scaled_sq = 0;
+        for (index_t c = 0; c < C; ++c) scaled_sq += (row[c] / largest) * (row[c] / largest);
+        r = A(1) / (largest * std::sqrt(scaled_sq / static_cast<A>(C) + static_cast<A>(eps) / (largest * largest)));
+      }
       rstd(m) = r;
       const vec<A> rv(r);
       index_t c = 0;
@@ -92,11 +101,13 @@ void rmsnorm_backward(const policy::simd& p, cview<T, 2> x, cview<T, 1> w, cview
         dw_acc[cs] += s * dyr[c] * xr[c] * r;
       }
       const A mean_g_xhat = r * dot(g.data(), xr, C) / static_cast<A>(C);
-      // dx = r (g - x̂ mean(g ⊙ x̂)) = r g - (r² mean) x
-      const vec<A> a(r * r * mean_g_xhat);
+      // dx = r (g - x̂ mean(g ⊙ x̂)) with x̂ = r x (no r², which underflows where x is huge)
+      const vec<A> mean(mean_g_xhat);
       for (c = 0; c + W <= C; c += W)
-        xsimd::fnma(a, vec<A>::load_unaligned(xr + c), rv * vec<A>::load_unaligned(g.data() + c)).store_unaligned(out.data() + c);
-      for (; c < C; ++c) out[static_cast<std::size_t>(c)] = r * g[static_cast<std::size_t>(c)] - r * r * mean_g_xhat * xr[c];
+        (rv * xsimd::fnma(mean, rv * vec<A>::load_unaligned(xr + c), vec<A>::load_unaligned(g.data() + c)))
+            .store_unaligned(out.data() + c);
+      for (; c < C; ++c)
+        out[static_cast<std::size_t>(c)] = r * (g[static_cast<std::size_t>(c)] - r * xr[c] * mean_g_xhat);
       from_accum(out.data(), C, dx.data() + m * C);
     }
   }

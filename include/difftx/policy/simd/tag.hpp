@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include <Eigen/Core>
+#include <xsimd/xsimd.hpp>
 
 #include "difftx/core/memory.hpp"
 
@@ -17,6 +18,11 @@ struct simd {
   static constexpr bool supports = std::is_same_v<T, float> || std::is_same_v<T, double> ||
                                    std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
   int threads = 0;  // OpenMP threads for every kernel; 0 means omp_get_max_threads()
+  // The vector instruction set the kernels were compiled for (xsimd's best
+  // under the compiler's -m flags: "avx512bw", "fma3+avx2", "sse2", ...). It
+  // is fixed at compile time: without -march=native (or the target
+  // difftx::native) x86-64 builds get "sse2" and run about 3x slower.
+  static constexpr const char* instruction_set() noexcept { return xsimd::default_arch::name(); }
   memory_resource& memory() const noexcept { return host_memory(); }
 };
 
