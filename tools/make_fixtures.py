@@ -13,7 +13,9 @@ Run from the repository root (Debian's python3 with torch and numpy):
     /usr/bin/python3 tools/make_fixtures.py
 
 It writes tests/data/<case>.safetensors, deterministically (fixed seed per
-case, one thread): running it twice gives byte-identical files.
+case, one thread): running it twice gives byte-identical files. (On the same
+kind of CPU: torch and OpenBLAS pick their vector kernels by CPU, so elsewhere
+a few float64 results can move in the last bit.)
 
 File format (safetensors, written by hand): an 8-byte little-endian u64 header
 length n, then n bytes of UTF-8 JSON (padded with spaces so 8 + n is a multiple
@@ -32,6 +34,27 @@ For weight interop it also writes, from the same tensors:
   float32, rank 3), diff_attn_causal's input.q (rank 5) and its lambda (rank 0);
 - tests/data/decoder_layer.weights.<f32|f16|bf16>.safetensors: that case's
   parameters only, converted by torch (round to nearest even), with its metadata.
+
+Low-precision fixtures, for tests/accuracy_test.cpp (FlashAttention's rule:
+difftx's error against float64 at most 2x PyTorch's own):
+
+    python3 -m venv /path/outside/the/repo && /path/outside/the/repo/bin/pip install torch==2.15.0 numpy
+    /path/outside/the/repo/bin/python tools/make_fixtures.py --lowp
+
+writes tests/data/lowp_<multihead|decoder_layer>_<bf16|f16>.safetensors,
+deterministically as above. Debian's torch 1.13 has no float16 CPU kernels
+(matmul, softmax, sigmoid, exp, rsqrt raise "not implemented for 'Half'"), and
+emulating PyTorch would not measure PyTorch, so --lowp runs PyTorch 2.15.0
+from PyPI (CPU; it refuses a torch without float16 kernels). The float64
+fixtures above stay on Debian's torch: under 2.15 their last bits change.
+Per file: "input", every parameter and "grad_output" drawn in float64 as above
+and rounded to the type (stored in it: exact), so both sides start from the
+same numbers; "output", "grad_input", "grad.<name>": the float64 reference
+from those values (F64); "torch.output", "torch.grad_input",
+"torch.grad.<name>": PyTorch's own run, module, parameters, input and
+autograd in the type (the formulas below with every tensor in the type,
+PyTorch's kernels choosing their internal precision), stored in the type.
+Metadata as above, plus "dtype" and "torch" (the version).
 """
 
 import json
@@ -78,7 +101,8 @@ def rope(x, theta):
     p = torch.arange(n, dtype=DT)
     ang = p[:, None] * inv_freq[None, :]                                   # [N, d/2]
     shape = [1, n] + [1] * (x.dim() - 3) + [d // 2]
-    c, s = torch.cos(ang).reshape(shape), torch.sin(ang).reshape(shape)
+    # The tables in float64, then in x's dtype (as a low-precision user's would be).
+    c, s = torch.cos(ang).reshape(shape).to(x.dtype), torch.sin(ang).reshape(shape).to(x.dtype)
     xe, xo = x[..., 0::2], x[..., 1::2]
     ye = xe * c - xo * s
     yo = xe * s + xo * c
@@ -201,16 +225,21 @@ FILE_DTYPES = {
 }
 
 
-def write_safetensors(path, tensors, metadata, dtype="F64"):
-    """Float64 tensors, stored as dtype (converted by torch)."""
-    torch_dtype, to_bytes = FILE_DTYPES[dtype]
-    header = {"__metadata__": {k: str(v) for k, v in metadata.items()}}
+def write_safetensors(path, tensors, metadata=None, dtype=None):
+    """Floating tensors (a state_dict, say), each stored as dtype (converted by
+    torch) or, with dtype=None, in its own dtype (F64, F32, F16 or BF16)."""
+    own = {td: name for name, (td, _) in FILE_DTYPES.items()}
+    header = {"__metadata__": {k: str(v) for k, v in (metadata or {}).items()}}
     blobs, off = [], 0
     for name in sorted(tensors):
-        t = tensors[name].detach().contiguous()
-        assert t.dtype == DT
+        t = tensors[name].detach().cpu().contiguous()
+        file_dtype = dtype or own.get(t.dtype)
+        if not t.is_floating_point() or file_dtype is None:
+            raise ValueError(f"write_safetensors: tensor {name!r} has dtype {t.dtype}; expected float64, float32,"
+                             " float16 or bfloat16 (any floating dtype when dtype= is given)")
+        torch_dtype, to_bytes = FILE_DTYPES[file_dtype]
         raw = to_bytes(t.to(torch_dtype))
-        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        header[name] = {"dtype": file_dtype, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     hj = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
@@ -393,6 +422,87 @@ def decoder_layer_gqa_noncausal():
 
 
 # ----------------------------------------------------------------------------
+# Low-precision fixtures (--lowp), for tests/accuracy_test.cpp.
+# ----------------------------------------------------------------------------
+
+LOWP_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def grads_of(fwd, x, params, dy):
+    """Y = fwd(x, params) and autograd's gradients for dY, in the tensors' own dtype."""
+    x = x.clone().requires_grad_(True)
+    p = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    y = fwd(x, p)[0]
+    g = torch.autograd.grad(y, [x] + list(p.values()), grad_outputs=dy)
+    out = {"output": y.detach(), "grad_input": g[0]}
+    out.update({"grad." + k: gr for k, gr in zip(p, g[1:])})
+    return out
+
+
+def lowp_tensors(low, x, params, fwd):
+    """Rounds x, params and a fresh dY to `low`; the float64 reference from those
+    values, and PyTorch's own run with module, parameters and input in `low`."""
+    rnd = lambda t: t.to(low).to(DT)
+    x, params = rnd(x), {k: rnd(v) for k, v in params.items()}
+    dy = rnd(randn(*x.shape))
+    t = {"input": x.to(low), "grad_output": dy.to(low)}
+    t.update({k: v.to(low) for k, v in params.items()})
+    t.update(grads_of(fwd, x, params, dy))
+    low_run = grads_of(fwd, x.to(low), {k: v.to(low) for k, v in params.items()}, dy.to(low))
+    assert all(v.dtype == low for v in low_run.values())
+    t.update({"torch." + k: v for k, v in low_run.items()})
+    return t, params
+
+
+def lowp_multihead(low):
+    b, n, c, h, g, d, layer_index, theta = 2, 32, 32, 2, 1, 8, 1, 10000.0
+    fwd = lambda x, q: multihead(x, q, h, g, d, layer_index, theta, True)
+    t, p = lowp_tensors(low, randn(b, n, c), multihead_params(c, h, g, d), fwd)
+    lam = float(lambda_full(p["lambda_q1"], p["lambda_k1"], p["lambda_q2"], p["lambda_k2"], layer_index))
+    return "multihead", t, base_meta("multihead", batch=b, seq=n, d_model=c, heads=h, kv_heads=g, head_dim=d,
+                                     layer_index=layer_index, rope_theta=theta, causal=1, eps=SUBLN_EPS,
+                                     lambda_init=lambda_init_of(layer_index), **{"lambda": lam})
+
+
+def lowp_decoder_layer(low):
+    b, n, c, h, g, d, layer_index, f, eps, theta = 2, 16, 32, 2, 2, 8, 2, 64, 1e-5, 10000.0
+    p = {"attn_norm.weight": norm_w(c)}
+    p.update(multihead_params(c, h, g, d, pre="attn."))
+    p["ffn_norm.weight"] = norm_w(c)
+    p.update(swiglu_params(c, f, pre="ffn."))
+    fwd = lambda x, q: decoder_layer(x, q, h, g, d, layer_index, theta, True, eps)
+    t, p = lowp_tensors(low, randn(b, n, c), p, fwd)
+    lam = float(lambda_full(p["attn.lambda_q1"], p["attn.lambda_k1"], p["attn.lambda_q2"], p["attn.lambda_k2"],
+                            layer_index))
+    return "decoder_layer", t, base_meta("decoder_layer", batch=b, seq=n, d_model=c, heads=h, kv_heads=g,
+                                         head_dim=d, layer_index=layer_index, rope_theta=theta, causal=1, ffn_dim=f,
+                                         eps=eps, lambda_init=lambda_init_of(layer_index), **{"lambda": lam})
+
+
+def lowp_main():
+    """tests/data/lowp_<module>_<bf16|f16>.safetensors."""
+    try:
+        torch.ones(2, 2, dtype=torch.float16) @ torch.ones(2, 2, dtype=torch.float16)
+        torch.softmax(torch.ones(2, dtype=torch.float16), -1)
+    except RuntimeError as e:
+        sys.exit(f"--lowp needs a torch with float16 CPU kernels (2.1 or later; this is {torch.__version__}: {e})."
+                 " See the module docstring.")
+    self_check()
+    total = 0
+    for seed, make in enumerate((lowp_multihead, lowp_decoder_layer)):
+        for suffix, low in LOWP_DTYPES.items():
+            torch.manual_seed(2000 + seed)  # the same float64 draws for both dtypes
+            module, tensors, meta = make(low)
+            meta.update(dtype=str(low).removeprefix("torch."), torch=torch.__version__)
+            name = f"lowp_{module}_{suffix}.safetensors"
+            size = write_safetensors(os.path.join(OUT_DIR, name), tensors, meta)
+            total += size
+            print(f"{name:40s} {size:8d} bytes")
+    print(f"{'total':40s} {total:8d} bytes")
+    return 0
+
+
+# ----------------------------------------------------------------------------
 # Self-checks for things autograd cannot catch.
 # ----------------------------------------------------------------------------
 
@@ -477,4 +587,6 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:] not in ([], ["--lowp"]):
+        sys.exit("usage: tools/make_fixtures.py [--lowp]")
+    sys.exit(lowp_main() if sys.argv[1:] else main())
