@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <new>
 
 #include <nlohmann/json.hpp>
 
@@ -96,7 +97,13 @@ void bench(const bench_options& o) {
   const auto count = checked_element_count(std::vector<index_t>{o.batch, o.seq, o.d_model}, "bench", "x [B, N, C]");
   auto module = make_runner(spec, o.policy, type);
   random_stream rng(1);
-  std::vector<double> x(static_cast<std::size_t>(count));
+  std::vector<double> x;
+  try {
+    x.resize(static_cast<std::size_t>(count));
+  } catch (const std::bad_alloc&) {
+    throw input_error("bench", "x [B, N, C]", "an input that fits in memory",
+                      "input needs " + std::to_string(count * sizeof(double)) + " bytes, more than can be allocated");
+  }
   for (auto& e : x) e = rng.normal();
   const auto input = io::stored_tensor::from_values(type, {o.batch, o.seq, o.d_model}, x);
   module->set_input(input, "random input");

@@ -142,9 +142,9 @@ void run(const run_options& o) {
   }
 
   const auto file_type = type == io::dtype::f64 ? io::dtype::f64 : io::dtype::f32;
-  outputs.write(y_file, [&](std::ostream& out) { io::write_npy_to(out, module->output(file_type), o.output); });
+  outputs.write(y_file, [&](std::ostream& out) { module->write_output(out, file_type, o.output); });
   if (!o.grad_input.empty())
-    outputs.write(dx_file, [&](std::ostream& out) { io::write_npy_to(out, module->grad_input(file_type), o.grad_input); });
+    outputs.write(dx_file, [&](std::ostream& out) { module->write_grad_input(out, file_type, o.grad_input); });
   if (!o.grad_weights.empty())
     outputs.write(dw_file, [&](std::ostream& out) { io::write_safetensors_to(out, module->gradients(file_type)); });
   outputs.commit();

@@ -1,5 +1,5 @@
 // The subcommands of difftx. Each add_<name>_command registers one on the app
-// with its options and a callback that does the work; main.cpp maps what the
+// with its options and a callback that does the work; run_app (app.cpp) maps what the
 // callbacks throw to exit codes (input_error: 3, CLI11 errors: 2,
 // CLI::RuntimeError(code): code). The option helpers below are shared.
 #pragma once
@@ -15,7 +15,8 @@ namespace difftx::cli {
 // Every command's --help ends with this.
 inline const std::string exit_codes_help =
     "Exit codes: 0 ok, 1 a check failed, 2 usage error, 3 bad input (unreadable or malformed file, missing weight,\n"
-    "wrong shape, non-finite value), with a one-line message naming the file, the tensor and what was expected.";
+    "wrong shape, non-finite value in an input or a result, more memory than can be allocated), with a one-line\n"
+    "message naming the file, the tensor and what was expected.";
 
 void add_run_command(CLI::App& app);
 void add_check_command(CLI::App& app);

@@ -58,6 +58,9 @@ class runner {
   virtual void require_finite_gradients() = 0;
   virtual io::stored_tensor output(io::dtype type) const = 0;
   virtual io::stored_tensor grad_input(io::dtype type) const = 0;
+  // y or dx as an .npy of `type` (float32 or float64), converted a chunk at a time.
+  virtual void write_output(std::ostream& out, io::dtype type, const std::string& label) const = 0;
+  virtual void write_grad_input(std::ostream& out, io::dtype type, const std::string& label) const = 0;
 
   virtual int threads() const = 0;
 };

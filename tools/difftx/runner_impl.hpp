@@ -10,6 +10,7 @@
 #endif
 
 #include <difftx/difftx.hpp>
+#include <difftx/io/npy.hpp>
 #include <difftx/io/parameters.hpp>
 
 #include "policies.hpp"
@@ -48,14 +49,20 @@ class module_runner final : public runner {
             "shape [B, N, " + std::to_string(d_model_) + "] with B, N >= 1 (C = d_model of the module)",
             "shape " + shape_string(x.shape));
     x_ = to_module(x, label + ": input", {x.shape[0], x.shape[1], x.shape[2]});
-    y_.resize(module_.output_shape(x_.shape()), memory());
   }
   void set_grad_output(const io::stored_tensor& dy, const std::string& label) override {
-    dy_ = to_module(dy, label + ": grad_output", y_.shape());
-    dx_.resize(x_.shape(), memory());
+    dy_ = to_module(dy, label + ": grad_output", module_.output_shape(x_.shape()));
   }
-  void forward() override { module_.forward(x_.view(), y_.view(), saved_); }
-  void backward() override { module_.backward(x_.view(), dy_.view(), saved_, dx_.view()); }
+  // y and dx are allocated here, not with the input, so the caller's stored
+  // copy of the file is gone by then (peak memory: input and output, not three copies).
+  void forward() override {
+    y_.resize(module_.output_shape(x_.shape()), memory());
+    module_.forward(x_.view(), y_.view(), saved_);
+  }
+  void backward() override {
+    dx_.resize(x_.shape(), memory());
+    module_.backward(x_.view(), dy_.view(), saved_, dx_.view());
+  }
   void require_finite_output() const override {
     double value = 0;
     const index_t i = detail::first_non_finite_index(y_.data(), y_.size(), y_.memory(), value);
@@ -79,6 +86,12 @@ class module_runner final : public runner {
                               ": the backward overflows " + std::string(scalar_traits<T>::name));
   }
   io::stored_tensor output(io::dtype type) const override { return to_stored(y_, type); }
+  void write_output(std::ostream& out, io::dtype type, const std::string& label) const override {
+    write_npy(out, y_, type, label);
+  }
+  void write_grad_input(std::ostream& out, io::dtype type, const std::string& label) const override {
+    write_npy(out, dx_, type, label);
+  }
   io::stored_tensor grad_input(io::dtype type) const override { return to_stored(dx_, type); }
 
   int threads() const override {
@@ -107,6 +120,12 @@ class module_runner final : public runner {
     Tensor<T, 3> out(shape, memory());
     memory().upload(out.data(), host.data(), static_cast<std::size_t>(host.size()) * sizeof(T));
     return out;
+  }
+  static void write_npy(std::ostream& out, const Tensor<T, 3>& t, io::dtype type, const std::string& label) {
+    if (t.space() == memory_space::host)
+      io::write_npy_to(out, type, t.const_view(), label);
+    else
+      io::write_npy_to(out, to_stored(t, type), label);
   }
   static io::stored_tensor to_stored(const Tensor<T, 3>& t, io::dtype type) {
     if (t.space() == memory_space::host) return io::stored_tensor::from_view(type, t.const_view());

@@ -66,7 +66,9 @@ void require_finite(std::string_view where, std::string_view argument, const Ten
   const auto* data = view.data();
   for (index_t i = 0; i < view.size(); ++i) {
     const double x = scalar_traits<std::remove_const_t<T>>::to_double(data[i]);
-    require(std::isfinite(x), where, argument, "finite values", std::to_string(x) + " at flat index " + std::to_string(i));
+    if (!std::isfinite(x))  // the message is built only on failure: this runs per element
+      throw input_error(std::string(where), std::string(argument), "finite values",
+                        std::to_string(x) + " at flat index " + std::to_string(i));
   }
 }
 

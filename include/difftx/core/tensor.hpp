@@ -196,8 +196,8 @@ class Tensor {
     try {
       data_ = static_cast<T*>(memory_->allocate(wanted));
     } catch (const std::bad_alloc&) {
-      throw input_error("Tensor", "shape " + shape_string(shape_), "a tensor that fits in memory",
-                        std::to_string(wanted) + " bytes, more than can be allocated");
+      throw input_error("Tensor", "shape", "a tensor that fits in memory",
+                        std::to_string(wanted) + " bytes for shape " + shape_string(shape_) + ", more than can be allocated");
     }
   }
   void allocate_zeroed() {

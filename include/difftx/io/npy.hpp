@@ -9,6 +9,7 @@
 // input_error naming the file, what was expected and what came.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -214,28 +215,32 @@ inline stored_tensor read_npy(const std::filesystem::path& path) {
   return parse_npy(read_file_bytes(path, "read_npy"), path.string());
 }
 
-// The preamble and header of version 1.0, as numpy.save writes them, for t's
-// type and shape (float32 and float64 only); the data follows as t.bytes.
-inline std::string npy_header(const stored_tensor& t, const std::string& label) {
+// The preamble and header of version 1.0, as numpy.save writes them, for data
+// of `type` (float32 or float64) and `shape`; the data follows.
+inline std::string npy_header(dtype type, const std::vector<index_t>& shape, const std::string& label) {
   constexpr std::string_view where = "write_npy";
-  require(t.type == dtype::f64 || t.type == dtype::f32, where, label, "float32 or float64 data",
-          std::string(dtype_name(t.type)));
-  require(t.bytes.size() == static_cast<std::size_t>(t.size()) * size_of(t.type), where, label,
-          std::to_string(t.size() * static_cast<index_t>(size_of(t.type))) + " bytes for shape " + shape_string(t.shape),
-          std::to_string(t.bytes.size()) + " bytes");
+  require(type == dtype::f64 || type == dtype::f32, where, label, "float32 or float64 data", std::string(dtype_name(type)));
   std::string dims;
-  for (std::size_t i = 0; i < t.shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(t.shape[i]);
-  if (t.shape.size() == 1) dims += ',';  // (n,): a one-element tuple keeps its comma
-  std::string header = std::string("{'descr': '") + (t.type == dtype::f64 ? "<f8" : "<f4") +
+  for (std::size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() == 1) dims += ',';  // (n,): a one-element tuple keeps its comma
+  std::string header = std::string("{'descr': '") + (type == dtype::f64 ? "<f8" : "<f4") +
                        "', 'fortran_order': False, 'shape': (" + dims + "), }";
   const std::size_t unpadded = 10 + header.size() + 1;  // preamble, dict, '\n'
   header.append((detail::npy_alignment - unpadded % detail::npy_alignment) % detail::npy_alignment, ' ');
   header += '\n';
   require(header.size() <= 0xffff, where, label, "a shape whose header fits .npy 1.0 (64 KiB)",
-          std::to_string(t.shape.size()) + " dimensions");
+          std::to_string(shape.size()) + " dimensions");
   std::string preamble(detail::npy_magic);
   preamble += {'\x01', '\x00', static_cast<char>(header.size() & 0xff), static_cast<char>(header.size() >> 8)};
   return preamble + header;
+}
+
+// The header for a stored tensor, whose bytes must match its shape.
+inline std::string npy_header(const stored_tensor& t, const std::string& label) {
+  require(t.bytes.size() == static_cast<std::size_t>(t.size()) * size_of(t.type), "write_npy", label,
+          std::to_string(t.size() * static_cast<index_t>(size_of(t.type))) + " bytes for shape " + shape_string(t.shape),
+          std::to_string(t.bytes.size()) + " bytes");
+  return npy_header(t.type, t.shape, label);
 }
 
 // Writes header and data straight to the stream (no copy of the data).
@@ -243,6 +248,24 @@ inline void write_npy_to(std::ostream& out, const stored_tensor& t, const std::s
   const auto header = npy_header(t, label);
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
   out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+}
+
+// Writes a host view as `type`, converting a chunk at a time: no copy of the
+// whole tensor, so an output as large as memory allows can still be written.
+template <Scalar T, std::size_t R>
+void write_npy_to(std::ostream& out, dtype type, TensorView<const T, R> view, const std::string& label) {
+  require_space("write_npy", label, view, memory_space::host);
+  const auto header = npy_header(type, std::vector<index_t>(view.shape().begin(), view.shape().end()), label);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  constexpr std::size_t chunk = 1 << 16;
+  std::vector<std::byte> bytes(chunk * size_of(type));
+  const auto count = static_cast<std::size_t>(view.size());
+  for (std::size_t begin = 0; begin < count; begin += chunk) {
+    const std::size_t n = std::min(chunk, count - begin);
+    for (std::size_t i = 0; i < n; ++i)
+      encode_one(type, scalar_traits<T>::to_double(view.data()[begin + i]), bytes.data() + i * size_of(type));
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(n * size_of(type)));
+  }
 }
 
 inline void write_npy(const std::filesystem::path& path, const stored_tensor& t) {

@@ -47,7 +47,9 @@ struct stored_tensor {
     const auto count = static_cast<std::size_t>(size());
     for (std::size_t i = 0; i < count; ++i) {
       const double x = decode_one(type, bytes.data() + i * size_of(type));
-      require(std::isfinite(x), where, name, "finite values", std::to_string(x) + " at flat index " + std::to_string(i));
+      if (!std::isfinite(x))
+        throw input_error(std::string(where), std::string(name), "finite values",
+                          std::to_string(x) + " at flat index " + std::to_string(i));
     }
   }
 
