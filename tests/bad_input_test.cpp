@@ -3,9 +3,12 @@
 // gradient buffers, saved state and parameters keep their values.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include <difftx/difftx.hpp>
+#include <difftx/policy/simd.hpp>
 
 #include "support/helpers.hpp"
 
@@ -179,4 +182,37 @@ TEST_CASE("gradcheck rejects bad options") {
   expect_input_error(
       [&] { testing::gradcheck<double>({{"z", {1}, z.data(), g.data()}}, [] { return 0.0L; }, [] {}, options); },
       "gradcheck", "options.tolerance", "> 0", "0");
+}
+
+// Non-finite values: the kernels avoid overflow where the math allows, and
+// first_non_finite names where a forward went non-finite where it does not.
+TEST_CASE("overflow: lambda's equal exponentials cancel, RMSNorm rescales, first_non_finite names the rest") {
+  auto run = []<class Policy>(Policy) {
+    MultiHead<float, 4, Policy> attn({.d_model = 16, .heads = 2});
+    random_stream rng(3);
+    Tensor<float, 3> x({1, 5, 16}), y({1, 5, 16});
+    fill_normal(x.view(), rng);
+    for (const auto& p : attn.parameters())
+      if (p.name.rfind("lambda_", 0) == 0) std::fill_n(p.value, p.size(), 30.0f);  // exp(30·30·4) overflows float
+    typename MultiHead<float, 4, Policy>::saved_type saved;
+    attn.forward(x.view(), y.view(), saved);
+    CHECK_FALSE(first_non_finite(saved));
+    CHECK(saved.attn.lambda(0) == doctest::Approx(attn.lambda_init()));  // exactly the difference 0, plus lambda_init
+    x(0, 2, 3) = 1e30f;  // the scores (~1e58) overflow float32
+    attn.forward(x.view(), y.view(), saved);
+    const auto began = first_non_finite(saved);
+    REQUIRE(began);
+    CHECK(began->tensor == "attn.lse");
+    CHECK(began->describe().find("log-sum-exp of the attention scores") != std::string::npos);
+
+    RMSNorm<float, Policy> norm(4);
+    Tensor<float, 3> big({1, 1, 4}), normed({1, 1, 4});
+    for (index_t c = 0; c < 4; ++c) big(0, 0, c) = 1e20f * static_cast<float>(c + 1);  // the sum of squares overflows
+    typename RMSNorm<float, Policy>::saved_type norm_saved;
+    norm.forward(big.view(), normed.view(), norm_saved);
+    const double rms = std::sqrt((1.0 + 4 + 9 + 16) / 4);
+    for (index_t c = 0; c < 4; ++c) CHECK(normed(0, 0, c) == doctest::Approx((c + 1) / rms).epsilon(1e-6));
+  };
+  run(policy::reference{});
+  run(policy::simd{});
 }
