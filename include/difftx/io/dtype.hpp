@@ -105,6 +105,12 @@ inline void encode_one(dtype t, double value, std::byte* p) noexcept {
   std::memcpy(p, &raw, 2);
 }
 
+// Stores count values of any Scalar as type t at out.
+template <Scalar T>
+void encode_values(dtype t, const T* values, std::size_t count, std::byte* out) noexcept {
+  for (std::size_t i = 0; i < count; ++i) encode_one(t, scalar_traits<T>::to_double(values[i]), out + i * size_of(t));
+}
+
 // Decodes `count` elements of type t from bytes.
 inline std::vector<double> decode(dtype t, const std::byte* bytes, std::size_t count) {
   std::vector<double> out(count);

@@ -262,14 +262,12 @@ void write_npy_to(std::ostream& out, dtype type, TensorView<const T, R> view, co
   const auto count = static_cast<std::size_t>(view.size());
   for (std::size_t begin = 0; begin < count; begin += chunk) {
     const std::size_t n = std::min(chunk, count - begin);
-    for (std::size_t i = 0; i < n; ++i)
-      encode_one(type, scalar_traits<T>::to_double(view.data()[begin + i]), bytes.data() + i * size_of(type));
+    encode_values(type, view.data() + begin, n, bytes.data());
     out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(n * size_of(type)));
   }
 }
 
 inline void write_npy(const std::filesystem::path& path, const stored_tensor& t) {
-  npy_header(t, path.string());  // checks before the file is touched
   write_atomically(path, "write_npy", [&](std::ostream& out) { write_npy_to(out, t, path.string()); });
 }
 

@@ -35,10 +35,8 @@ struct stored_tensor {
   static stored_tensor from_view(dtype type, TensorView<const T, R> view) {
     require_space("stored_tensor::from_view", "view", view, memory_space::host);
     stored_tensor t{type, std::vector<index_t>(view.shape().begin(), view.shape().end()), {}};
-    const auto count = static_cast<std::size_t>(view.size());
-    t.bytes.resize(count * size_of(type));
-    for (std::size_t i = 0; i < count; ++i)
-      encode_one(type, scalar_traits<T>::to_double(view.data()[i]), t.bytes.data() + i * size_of(type));
+    t.bytes.resize(static_cast<std::size_t>(view.size()) * size_of(type));
+    encode_values(type, view.data(), static_cast<std::size_t>(view.size()), t.bytes.data());
     return t;
   }
 
