@@ -85,6 +85,31 @@ void register_modules(const std::string& policy, const std::string& dtype, std::
     }
 }
 
+// MultiHead and DecoderLayer with D = 64 compiled against D = 64 given at run
+// time (difftx::dynamic): "<module>/<policy>/<dtype>/<pass>/D:compiled|dynamic/N:<n>".
+template <class T, class Policy>
+void register_head_dim_paths(const std::string& policy, const std::string& dtype, index_t n) {
+  const double N = static_cast<double>(n);
+  auto add = [&]<index_t HeadDim>(const char* path, bool backward) {
+    const std::string suffix = "/" + policy + "/" + dtype + (backward ? "/forward_backward" : "/forward") + "/D:" + path +
+                               "/N:" + std::to_string(n);
+    benchmark::RegisterBenchmark(("MultiHead" + suffix).c_str(), [=](benchmark::State& state) {
+      MultiHead<T, HeadDim, Policy> module({.d_model = C, .heads = h, .kv_heads = h, .head_dim = D});
+      run_module(state, module, n, backward,
+                 fl::multihead_forward(1, N, C, h, h, D, true) + (backward ? fl::multihead_backward(1, N, C, h, h, D, true) : 0));
+    })->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("DecoderLayer" + suffix).c_str(), [=](benchmark::State& state) {
+      DecoderLayer<T, HeadDim, Policy> module({{.d_model = C, .heads = h, .kv_heads = h, .head_dim = D}, F});
+      run_module(state, module, n, backward,
+                 fl::decoder_forward(1, N, C, h, h, D, F, true) + (backward ? fl::decoder_backward(1, N, C, h, h, D, F, true) : 0));
+    })->UseRealTime()->Unit(benchmark::kMillisecond);
+  };
+  for (bool backward : {false, true}) {
+    add.template operator()<D>("compiled", backward);
+    add.template operator()<dynamic>("dynamic", backward);
+  }
+}
+
 // The attention op alone: q, k, v already projected, both maps (or one).
 template <int Maps, class T, class Policy>
 void register_attention_op(const std::string& policy, const std::string& dtype, std::initializer_list<index_t> lengths) {
@@ -228,6 +253,8 @@ int main(int argc, char** argv) {
   register_modules<float, policy::simd>("simd", "float32", {256, 512, 1024, 2048, 4096});
   register_modules<Eigen::bfloat16, policy::simd>("simd", "bfloat16", {2048});
   register_modules<float, policy::reference>("reference", "float32", {256});
+  register_head_dim_paths<float, policy::simd>("simd", "float32", 1024);
+  register_head_dim_paths<float, policy::reference>("reference", "float32", 128);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

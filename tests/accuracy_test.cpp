@@ -97,7 +97,7 @@ template <class Module>
 void check_module(Module& module, const io::tensor_file& f, const std::string& label) {
   using T = typename Module::value_type;
   REQUIRE(f.meta("dtype", "fixture", label) == scalar_traits<T>::name);
-  REQUIRE(meta_int(f, "head_dim") == Module::head_dim);
+  REQUIRE(meta_int(f, "head_dim") == module.head_dim());
   io::load_parameters(module, f, label);
   const shape_t<3> shape{meta_int(f, "batch"), meta_int(f, "seq"), meta_int(f, "d_model")};
   const auto x = f.at("input", "accuracy", label).template to_tensor<T, 3>("accuracy", "input", shape);

@@ -146,7 +146,7 @@ TEST_CASE("cli: usage errors exit 2 with one line saying what is wrong") {
                      {"--kv-heads", "divide"});
   expect_usage_error(run + " --grad-input dx.npy", {"--grad-input", "--grad-output"});
   expect_usage_error("run --module attention --weights w --input x --output y", {"--heads", "attention"});
-  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 24 --heads 2", {"--head-dim", "6", "not built"});
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 20 --heads 2", {"--head-dim", "5", "odd"});
   expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 20 --heads 3", {"--head-dim", "not divisible"});
   expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 16", {"--heads"});
   CHECK_FALSE(std::filesystem::exists("/tmp/difftx_never_written.npy"));
@@ -255,6 +255,94 @@ TEST_CASE("cli: run reproduces the PyTorch fixture to 1e-10 in float64, on the d
                                << " weight gradients: " << worst);
     CHECK(worst < 1e-10);
   }
+}
+
+TEST_CASE("cli: run takes a head size no policy compiles (D = 6) and reproduces its PyTorch fixture on every CPU policy") {
+  test_support::temp_folder folder;
+  const std::string weights = (data_dir / "decoder_layer_d6.safetensors").string();
+  const auto f = io::read_safetensors(weights);
+  for (const std::string policy : {"reference", "simd"}) {
+    INFO("policy " << policy);
+    const auto r = difftx_cli("run --module decoder_layer --layer-index 3 --kv-heads 1 --policy " + policy +
+                              " --dtype float64 --weights " + q(weights) + " --input " +
+                              q(data_dir / "npy" / "decoder_layer_d6.input.f64.npy") + " --grad-output " +
+                              q(data_dir / "npy" / "decoder_layer_d6.grad_output.f64.npy") + " --output " +
+                              q(folder / "y.npy") + " --grad-input " + q(folder / "dx.npy") + " --grad-weights " +
+                              q(folder / "dw.safetensors"));
+    INFO("stderr: " << r.err);
+    REQUIRE(r.code == 0);
+    double worst = difference(io::read_npy(folder / "y.npy"), f.at("output", "test", "fixture"));
+    worst = std::max(worst, difference(io::read_npy(folder / "dx.npy"), f.at("grad_input", "test", "fixture")));
+    const auto dw = io::read_safetensors(folder / "dw.safetensors");
+    for (const auto& [name, t] : f.tensors)
+      if (name.rfind("grad.", 0) == 0) worst = std::max(worst, difference(dw.at(name.substr(5), "test", "dw"), t));
+    MESSAGE(policy << ": worst difference over the output and every gradient " << worst);
+    CHECK(worst < 1e-10);
+  }
+  // An odd D (lambda vectors of 5, a q_proj of 2·h·5 rows) is bad input naming the tensor.
+  auto odd = f;
+  auto resize = [&](const std::string& name, const std::vector<index_t>& shape) {
+    const auto count = static_cast<std::size_t>(shape.size() == 1 ? shape[0] : shape[0] * shape[1]);
+    odd.tensors[name] = io::stored_tensor::from_values(io::dtype::f64, shape, std::vector<double>(count, 0.1));
+  };
+  for (const char* name : {"attn.lambda_q1", "attn.lambda_k1", "attn.lambda_q2", "attn.lambda_k2"}) resize(name, {5});
+  resize("attn.q_proj.weight", {2 * 2 * 5, 16});
+  resize("attn.k_proj.weight", {2 * 1 * 5, 16});
+  io::write_safetensors(folder / "odd.safetensors", odd);
+  const auto r = difftx_cli("run --module decoder_layer --kv-heads 1 --weights " + q(folder / "odd.safetensors") +
+                            " --input " + q(data_dir / "npy" / "decoder_layer_d6.input.f64.npy") + " --output " +
+                            q(folder / "odd_y.npy"));
+  CHECK(r.code == 3);
+  check_message(r.err, {"attn.q_proj.weight", "an even head size D", "D = 5"});
+  CHECK_FALSE(std::filesystem::exists(folder / "odd_y.npy"));
+}
+
+// policy::cuda through the tool. Where the tool has it and a device is
+// present, this reproduces the fixture on the GPU (ctest -L gpu runs it:
+// tests/CMakeLists.txt); elsewhere it asserts what a user without one sees.
+TEST_CASE("cli gpu: --policy cuda reproduces the PyTorch fixture, or says in one line why it cannot run") {
+  const std::string run = "run" + fixture_flags + " --kv-heads 1 --weights " + fixture_weights + " --input " +
+                          fixture_input + " --output /tmp/difftx_never_written.npy --policy cuda";
+  const auto probe = difftx_cli("bench --policy cuda --module rmsnorm --batch 1 --seq 1 --d-model 8 --repeats 1");
+  if (probe.code != 0 && probe.err.find("is not built into") != std::string::npos) {
+    MESSAGE("this difftx is built without CUDA");
+    expect_usage_error(run, {"--policy", "policy 'cuda' is not built into this difftx"});
+    return;
+  }
+  if (probe.code != 0) {
+    MESSAGE("no CUDA device: checking the messages a user without one sees");
+    expect_usage_error(run, {"--policy", "policy 'cuda' cannot run here: no CUDA device was found"});
+    expect_usage_error("bench --policy simd,cuda --module rmsnorm --batch 1 --seq 1 --d-model 8",
+                       {"--policy", "no CUDA device was found"});
+    const auto r = difftx_cli("check");
+    CHECK(r.code == 0);
+    CHECK(r.out.find("| every module  | cuda      | every    | - |") != std::string::npos);
+    CHECK(r.out.find("skipped cuda: no CUDA device was found") != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists("/tmp/difftx_never_written.npy"));
+    return;
+  }
+  // A device: float32 on the GPU within float32's bars of the CPU's float64 run on the same files.
+  test_support::temp_folder folder;
+  const auto reference = run_module(folder, fixture_weights, fixture_input, fixture_grad_output, "float64 --policy reference");
+  const auto ours = run_module(folder, fixture_weights, fixture_input, fixture_grad_output, "float32 --policy cuda");
+  double scale = testing::max_abs(reference.grad_input.values().data(), reference.grad_input.size());
+  for (const auto& [name, t] : reference.grad_weights.tensors) scale = std::max(scale, testing::max_abs(t.values().data(), t.size()));
+  const double floor = testing::gradient_floor_fraction * scale;
+  double backward = difference(ours.grad_input, reference.grad_input, floor);
+  for (const auto& [name, t] : reference.grad_weights.tensors)
+    backward = std::max(backward, difference(ours.grad_weights.at(name, "test", "dw"), t, floor));
+  const double forward = difference(ours.output, reference.output);
+  MESSAGE("cuda float32: output " << forward << ", gradients " << backward);
+  CHECK(forward <= testing::tolerance<float>::forward);
+  CHECK(backward <= testing::tolerance<float>::backward);
+  const auto table = difftx_cli("bench --policy simd,cuda --module decoder_layer --batch 1 --seq 64 --d-model 64 --heads 2 "
+                                "--backward --repeats 3 --json");
+  REQUIRE(table.code == 0);
+  CHECK(std::count(table.out.begin(), table.out.end(), '\n') == 2);  // one object per policy
+  const auto check = difftx_cli("check");
+  INFO(check.out);
+  CHECK(check.code == 0);
+  CHECK(check.out.find("| multihead     | cuda      | float32  | 6 |") != std::string::npos);
 }
 
 // Gradients per tensor against at least a tenth of the largest gradient, as

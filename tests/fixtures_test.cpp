@@ -75,7 +75,7 @@ void check_fixture(Module& module, const std::string& case_name) {
 MultiHeadConfig multihead_config(const io::tensor_file& f) {
   return {.d_model = meta_int(f, "d_model"), .heads = meta_int(f, "heads"), .kv_heads = meta_int(f, "kv_heads"),
           .layer_index = meta_int(f, "layer_index"), .rope_theta = meta_double(f, "rope_theta"),
-          .causal = meta_int(f, "causal") != 0};
+          .causal = meta_int(f, "causal") != 0, .head_dim = meta_int(f, "head_dim")};
 }
 
 io::tensor_file fixture(const std::string& name) { return io::read_safetensors(data_dir / (name + ".safetensors")); }
@@ -160,4 +160,22 @@ TEST_CASE("fixture: diff_attn") {
   };
   run("diff_attn_causal", std::integral_constant<index_t, 4>{});
   run("diff_attn_noncausal", std::integral_constant<index_t, 2>{});
+}
+
+TEST_CASE("fixture: the run-time head size (difftx::dynamic): decoder_layer at D = 6, the others at their D") {
+  {
+    const auto f = fixture("decoder_layer_d6");
+    REQUIRE(meta_int(f, "head_dim") == 6);
+    DecoderLayer<double, dynamic> layer({multihead_config(f), meta_int(f, "ffn_dim"), meta_double(f, "eps")});
+    check_fixture(layer, "decoder_layer_d6");
+  }
+  for (const char* name : {"multihead_causal", "multihead_n1"}) {
+    MultiHead<double, dynamic> mh(multihead_config(fixture(name)));
+    check_fixture(mh, name);
+  }
+  const auto f = fixture("attention_causal");
+  Attention<double, dynamic> attn({.d_model = meta_int(f, "d_model"), .heads = meta_int(f, "heads"),
+                                   .kv_heads = meta_int(f, "kv_heads"), .rope_theta = meta_double(f, "rope_theta"),
+                                   .causal = meta_int(f, "causal") != 0, .head_dim = meta_int(f, "head_dim")});
+  check_fixture(attn, "attention_causal");
 }

@@ -31,7 +31,8 @@ C order, packed in alphabetical order of name. Tensors per file: "input" (or
 For weight interop it also writes, from the same tensors:
 - tests/data/npy/<case>.<tensor>.<f64|f32>.npy with numpy.save: the
   decoder_layer case's input, grad_output, output and grad_input (float64 and
-  float32, rank 3), diff_attn_causal's input.q (rank 5) and its lambda (rank 0);
+  float32, rank 3), decoder_layer_d6's input and grad_output, diff_attn_causal's
+  input.q (rank 5) and its lambda (rank 0);
 - tests/data/decoder_layer.weights.<f32|f16|bf16>.safetensors: that case's
   parameters only, converted by torch (round to nearest even), with its metadata.
 
@@ -273,6 +274,9 @@ def write_interop(name, tensors, meta):
         for dtype in ("F32", "F16", "BF16"):
             path = os.path.join(OUT_DIR, f"{name}.weights.{dtype.lower()}.safetensors")
             size += write_safetensors(path, params, meta, dtype)
+    if name == "decoder_layer_d6":
+        for t in ("input", "grad_output"):
+            size += write_npy(f"{name}.{t}", tensors[t])
     if name == "diff_attn_causal":
         size += write_npy(f"{name}.input.q", tensors["input.q"])
         size += write_npy(f"{name}.lambda", torch.tensor(float(meta["lambda"]), dtype=DT))
@@ -419,6 +423,12 @@ def decoder_layer_case():
 @case
 def decoder_layer_gqa_noncausal():
     return decoder_case("decoder_layer_gqa_noncausal", 1, 9, 16, 4, 2, 2, 7, 20, 1e-5, 10000.0, False)
+
+
+@case
+def decoder_layer_d6():
+    # D = 6: no policy compiles it, so the C++ side runs difftx::dynamic.
+    return decoder_case("decoder_layer_d6", 2, 5, 16, 2, 1, 6, 3, 24, 1e-5, 10000.0, True)
 
 
 # ----------------------------------------------------------------------------

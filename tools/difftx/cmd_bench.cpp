@@ -1,11 +1,16 @@
 // difftx bench: times one module's forward (and forward + backward) on random
-// weights and input: the median of --repeats runs after a warm-up, as
-// milliseconds, tokens/s and GFLOP/s (FLOPs as count_flops says).
+// weights and input, on one policy or several in turn (the same module, shape,
+// dtype and input): the median of --repeats runs after a warm-up, as
+// milliseconds, tokens/s and GFLOP/s (FLOPs as count_flops says), each policy
+// timed its own way (runner::elapsed_ms: CUDA events for cuda) and compared
+// with the first.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <new>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,7 +26,8 @@ namespace difftx::cli {
 namespace {
 
 struct bench_options {
-  std::string module, policy, dtype;
+  std::string module, dtype;
+  std::vector<std::string> policies;
   index_t batch = 0, seq = 0, d_model = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn_dim = 0;
   bool no_causal = false, backward = false, json = false;
   int repeats = 10, threads = 0;
@@ -54,16 +60,12 @@ flop_count count_flops(const module_spec& s, index_t batch, index_t seq) {
   return {};
 }
 
-// Median milliseconds of `repeats` calls of f, after one untimed warm-up call.
-template <class F>
-double median_ms(int repeats, F&& f) {
-  f();
+// Median milliseconds of `repeats` timed calls of f on the module's policy,
+// after one untimed warm-up call (which also allocates what later calls reuse).
+double median_ms(const runner& module, int repeats, const std::function<void()>& f) {
+  module.elapsed_ms(f);
   std::vector<double> ms;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  }
+  for (int r = 0; r < repeats; ++r) ms.push_back(module.elapsed_ms(f));
   std::sort(ms.begin(), ms.end());
   return (ms[(ms.size() - 1) / 2] + ms[ms.size() / 2]) / 2;
 }
@@ -84,18 +86,41 @@ module_spec bench_spec(const bench_options& o) {
                                                    (width == s.heads ? " heads" : " (2 x heads)"));
     s.head_dim = s.d_model / width;
   }
-  const auto dims = built_head_dims(o.policy);
-  if (std::find(dims.begin(), dims.end(), s.head_dim) == dims.end())
-    throw CLI::ValidationError("--head-dim", "head size " + std::to_string(s.head_dim) + " is not built for policy " +
-                                                 o.policy + " (built: " + shape_string(dims) + ")");
+  if (s.head_dim % 2 != 0)
+    throw CLI::ValidationError("--head-dim", "head size " + std::to_string(s.head_dim) + " is odd; RoPE rotates pairs");
   return s;
 }
 
+// One policy's timings.
+struct bench_row {
+  std::string policy;
+  int threads = 1;
+  bool compiled_head_dim = false;  // D has its own instantiation on this policy
+  double forward_ms = 0, both_ms = 0;
+};
+
+bench_row time_policy(const bench_options& o, const module_spec& spec, const std::string& policy,
+                      const io::stored_tensor& input) {
+  auto module = make_runner(spec, policy, checked_dtype(o.dtype, policy));
+  module->set_input(input, "random input");
+  module->set_grad_output(input, "random grad_output");
+  bench_row row{.policy = policy, .threads = module->threads()};
+  const auto compiled = compiled_head_dims(policy);
+  row.compiled_head_dim = std::find(compiled.begin(), compiled.end(), spec.head_dim) != compiled.end();
+  row.forward_ms = median_ms(*module, o.repeats, [&] { module->forward(); });
+  if (o.backward)
+    row.both_ms = median_ms(*module, o.repeats, [&] {
+      module->forward();
+      module->backward();
+    });
+  return row;
+}
+
 void bench(const bench_options& o) {
-  const auto type = checked_dtype(o.dtype, o.policy);
+  for (const auto& policy : o.policies) checked_dtype(o.dtype, policy);  // every usage error before any work
+  const auto type = *io::parse_dtype_name(o.dtype);
   const auto spec = bench_spec(o);
   const auto count = checked_element_count(std::vector<index_t>{o.batch, o.seq, o.d_model}, "bench", "x [B, N, C]");
-  auto module = make_runner(spec, o.policy, type);
   random_stream rng(1);
   std::vector<double> x;
   try {
@@ -106,53 +131,54 @@ void bench(const bench_options& o) {
   }
   for (auto& e : x) e = rng.normal();
   const auto input = io::stored_tensor::from_values(type, {o.batch, o.seq, o.d_model}, x);
-  module->set_input(input, "random input");
-  module->set_grad_output(input, "random grad_output");
+  x = {};
+  std::vector<bench_row> rows;
+  for (const auto& policy : o.policies) rows.push_back(time_policy(o, spec, policy, input));
 
-  const double forward_ms = median_ms(o.repeats, [&] { module->forward(); });
-  const double both_ms = o.backward ? median_ms(o.repeats, [&] {
-    module->forward();
-    module->backward();
-  })
-                                    : 0.0;
   const auto flops = count_flops(spec, o.batch, o.seq);
   const double tokens = static_cast<double>(o.batch * o.seq);
   // GFLOP/s of `flop` in `ms`; none when nothing is counted (rmsnorm).
   auto gflops = [](double flop, double ms) { return flop > 0 ? nlohmann::json(flop / (ms * 1e6)) : nlohmann::json(); };
-
-  nlohmann::json j{{"module", o.module},   {"policy", o.policy},   {"policy_detail", policy_description(o.policy)}, {"dtype", o.dtype},
-                   {"threads", module->threads()}, {"batch", o.batch}, {"seq", o.seq},
-                   {"d_model", o.d_model}, {"repeats", o.repeats}, {"forward_ms", forward_ms},
-                   {"forward_tokens_per_s", tokens / forward_ms * 1e3}, {"forward_flops", flops.forward},
-                   {"forward_gflops", gflops(flops.forward, forward_ms)}};
   std::string shape = "x [" + std::to_string(o.batch) + ", " + std::to_string(o.seq) + ", " + std::to_string(o.d_model) + "]";
-  if (uses_head_dim(spec.kind)) {
-    j.update({{"heads", spec.heads}, {"kv_heads", spec.kv_heads}, {"head_dim", spec.head_dim}, {"causal", spec.causal}});
+  if (uses_head_dim(spec.kind))
     shape += ", h = " + std::to_string(spec.heads) + ", g = " + std::to_string(spec.kv_heads) +
              ", D = " + std::to_string(spec.head_dim) + (spec.causal ? ", causal" : ", not causal");
-  }
-  if (spec.ffn_dim) {
-    j["ffn_dim"] = spec.ffn_dim;
-    shape += ", F = " + std::to_string(spec.ffn_dim);
-  }
-  if (o.backward)
-    j.update({{"forward_backward_ms", both_ms}, {"forward_backward_tokens_per_s", tokens / both_ms * 1e3},
-              {"backward_flops", flops.backward}, {"forward_backward_gflops", gflops(flops.forward + flops.backward, both_ms)}});
+  if (spec.ffn_dim) shape += ", F = " + std::to_string(spec.ffn_dim);
+
   if (o.json) {
-    std::printf("%s\n", j.dump().c_str());
+    for (const auto& row : rows) {
+      nlohmann::json j{{"module", o.module}, {"policy", row.policy}, {"policy_detail", policy_description(row.policy)},
+                       {"dtype", o.dtype}, {"threads", row.threads}, {"batch", o.batch}, {"seq", o.seq},
+                       {"d_model", o.d_model}, {"repeats", o.repeats}, {"forward_ms", row.forward_ms},
+                       {"forward_tokens_per_s", tokens / row.forward_ms * 1e3}, {"forward_flops", flops.forward},
+                       {"forward_gflops", gflops(flops.forward, row.forward_ms)},
+                       {"forward_speedup_vs_first", rows.front().forward_ms / row.forward_ms}};
+      if (uses_head_dim(spec.kind))
+        j.update({{"heads", spec.heads}, {"kv_heads", spec.kv_heads}, {"head_dim", spec.head_dim},
+                  {"head_dim_compiled", row.compiled_head_dim}, {"causal", spec.causal}});
+      if (spec.ffn_dim) j["ffn_dim"] = spec.ffn_dim;
+      if (o.backward)
+        j.update({{"forward_backward_ms", row.both_ms}, {"forward_backward_tokens_per_s", tokens / row.both_ms * 1e3},
+                  {"backward_flops", flops.backward},
+                  {"forward_backward_gflops", gflops(flops.forward + flops.backward, row.both_ms)},
+                  {"forward_backward_speedup_vs_first", rows.front().both_ms / row.both_ms}});
+      std::printf("%s\n", j.dump().c_str());
+    }
     return;
   }
-  std::printf("difftx bench: %s on %s; policy %s, %s, %d thread%s; median of %d runs after a warm-up\n", o.module.c_str(),
-              shape.c_str(), policy_description(o.policy).c_str(), o.dtype.c_str(), module->threads(), module->threads() == 1 ? "" : "s",
-              o.repeats);
-  std::printf("%-18s %10s %12s %9s\n", "", "median ms", "tokens/s", "GFLOP/s");
-  auto row = [&](const char* name, double ms, double flop) {
+  std::printf("difftx bench: %s on %s, %s; median of %d runs after a warm-up; x = the first policy's time / this one's\n",
+              o.module.c_str(), shape.c_str(), o.dtype.c_str(), o.repeats);
+  std::printf("%-34s %7s %-16s %10s %12s %9s %7s\n", "policy", "threads", "pass", "median ms", "tokens/s", "GFLOP/s", "x");
+  auto line = [&](const bench_row& row, const char* pass, double ms, double first_ms, double flop) {
     char rate[32] = "-";
     if (flop > 0) std::snprintf(rate, sizeof rate, "%.3f", flop / (ms * 1e6));
-    std::printf("%-18s %10.3f %12.0f %9s\n", name, ms, tokens / ms * 1e3, rate);
+    std::printf("%-34s %7d %-16s %10.3f %12.0f %9s %7.2f\n", policy_description(row.policy).c_str(), row.threads, pass, ms,
+                tokens / ms * 1e3, rate, first_ms / ms);
   };
-  row("forward", forward_ms, flops.forward);
-  if (o.backward) row("forward+backward", both_ms, flops.forward + flops.backward);
+  for (const auto& row : rows) {
+    line(row, "forward", row.forward_ms, rows.front().forward_ms, flops.forward);
+    if (o.backward) line(row, "forward+backward", row.both_ms, rows.front().both_ms, flops.forward + flops.backward);
+  }
   std::printf("FLOPs counted (matrix products and attention only; see --help): %.4g forward, %.4g backward\n",
               flops.forward, flops.backward);
 }
@@ -163,7 +189,7 @@ void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<bench_options>();
   auto* cmd = app.add_subcommand("bench", "time one module's forward (and backward) on random weights and input");
   add_module_option(*cmd, o->module);
-  add_policy_option(*cmd, o->policy);
+  add_policies_option(*cmd, o->policies);
   add_dtype_option(*cmd, o->dtype);
   add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
   cmd->add_option("--batch", o->batch, "batch size B")->required()->check(count_in(1));

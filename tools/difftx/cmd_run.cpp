@@ -85,9 +85,8 @@ module_spec spec_from_weights(const run_options& o, const io::tensor_file& weigh
               (o.kv_heads ? " (--kv-heads)" : " (as many as heads; see --kv-heads)") + " and D = " +
               std::to_string(s.head_dim),
           "shape " + shape_string(k));
-  const auto dims = built_head_dims(o.policy);
-  require(std::find(dims.begin(), dims.end(), s.head_dim) != dims.end(), "run", q_name,
-          "a head size D built for policy " + o.policy + " " + shape_string(dims), "D = " + std::to_string(s.head_dim));
+  require(s.head_dim % 2 == 0, "run", q_name, "an even head size D (RoPE rotates pairs)",
+          "D = " + std::to_string(s.head_dim));
   return s;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -34,8 +35,11 @@ CLI::Validator count_in(long long low);
 // A finite number > 0 (or >= 0 with allow_zero), with a one-line message otherwise.
 CLI::Validator positive_finite(bool allow_zero = false);
 
-// --policy NAME: a policy in the registry; defaults to the fastest built.
+// --policy NAME: a policy in the registry that can run here (a usage error
+// otherwise: cuda without a device); defaults to the fastest CPU policy built.
 CLI::Option* add_policy_option(CLI::App& command, std::string& policy);
+// --policy A,B,...: the same for each of a list.
+CLI::Option* add_policies_option(CLI::App& command, std::vector<std::string>& policies);
 // --dtype NAME: float64, float32, bfloat16 or float16; defaults to float32.
 CLI::Option* add_dtype_option(CLI::App& command, std::string& dtype);
 // --module NAME: one of module_kinds.

@@ -36,17 +36,37 @@ CLI::Validator positive_finite(bool allow_zero) {
       allow_zero ? "FLOAT >= 0" : "FLOAT > 0");
 }
 
-CLI::Option* add_policy_option(CLI::App& command, std::string& policy) {
-  policy = fastest_policy();
-  const CLI::Validator built(
+namespace {
+// A built policy that can run on this machine (cuda needs a device).
+CLI::Validator runnable_policy() {
+  return CLI::Validator(
       [](std::string& name) -> std::string {
         const auto names = built_policy_names();
-        if (std::find(names.begin(), names.end(), name) != names.end()) return "";
-        return "policy '" + name + "' is not built into this difftx (built: " + joined(names) + ")";
+        if (std::find(names.begin(), names.end(), name) == names.end())
+          return "policy '" + name + "' is not built into this difftx (built: " + joined(names) + ")";
+        if (const auto reason = unavailable_reason(name); !reason.empty())
+          return "policy '" + name + "' cannot run here: " + reason;
+        return "";
       },
       "{" + joined(built_policy_names()) + "}");
-  return command.add_option("--policy", policy, "how to compute (default: the fastest built)")
-      ->check(built)
+}
+}  // namespace
+
+CLI::Option* add_policy_option(CLI::App& command, std::string& policy) {
+  policy = fastest_policy();
+  return command.add_option("--policy", policy, "how to compute (default: the fastest built for the CPU)")
+      ->check(runnable_policy())
+      ->capture_default_str();
+}
+
+CLI::Option* add_policies_option(CLI::App& command, std::vector<std::string>& policies) {
+  policies = {fastest_policy()};
+  return command
+      .add_option("--policy", policies,
+                  "how to compute; a comma-separated list runs each on the same module, shape and dtype, one table "
+                  "row per policy (default: the fastest built for the CPU)")
+      ->delimiter(',')
+      ->check(runnable_policy())
       ->capture_default_str();
 }
 

@@ -1,9 +1,13 @@
-// The registry's queries, and make_runner's dispatch on the number type (each
-// type's instantiations live in their own runners_<type>.cpp).
+// The registry's queries, and make_runner's dispatch on the policy and the
+// number type (each host type's instantiations live in their own
+// runners_<type>.cpp; policy::cuda's in runners_cuda.cu).
 #include <algorithm>
 
 #include "policies.hpp"
 #include "runner.hpp"
+#if defined(DIFFTX_CLI_CUDA)
+#include "cuda_policy.hpp"
+#endif
 
 namespace difftx::cli {
 
@@ -16,11 +20,21 @@ extern template std::unique_ptr<runner> make_typed_runner<Eigen::bfloat16>(const
 
 namespace {
 
-// f(entry) for each registry entry, in order.
+// f(entry) for each host registry entry, in order.
 template <class F>
 void for_each_policy(F&& f) {
   std::apply([&](auto... entries) { (f(entries), ...); }, built_policies{});
 }
+
+std::vector<std::string> host_policy_names() {
+  std::vector<std::string> names;
+  for_each_policy([&](auto entry) { names.emplace_back(decltype(entry)::policy_type::name); });
+  return names;
+}
+
+#if defined(DIFFTX_CLI_CUDA)
+bool is_cuda(std::string_view policy) { return policy == cuda_policy::name; }
+#endif
 
 }  // namespace
 
@@ -28,22 +42,36 @@ bool uses_head_dim(const std::string& kind) { return kind != "rmsnorm" && kind !
 bool is_differential(const std::string& kind) { return uses_head_dim(kind) && kind != "attention"; }
 
 std::vector<std::string> built_policy_names() {
-  std::vector<std::string> names;
-  for_each_policy([&](auto entry) { names.emplace_back(decltype(entry)::policy_type::name); });
+  auto names = host_policy_names();
+#if defined(DIFFTX_CLI_CUDA)
+  names.emplace_back(cuda_policy::name);
+#endif
   return names;
 }
 
-std::string fastest_policy() { return built_policy_names().back(); }
+// A host policy, so the default runs on every machine the tool runs on.
+std::string fastest_policy() { return host_policy_names().back(); }
 
-std::vector<index_t> built_head_dims(std::string_view policy) {
+std::string unavailable_reason(std::string_view policy) {
+#if defined(DIFFTX_CLI_CUDA)
+  if (is_cuda(policy)) return cuda_policy::unavailable_reason();
+#endif
+  return "";
+}
+
+std::vector<index_t> compiled_head_dims(std::string_view policy) {
   std::vector<index_t> dims;
   for_each_policy([&](auto entry) {
-    if (policy == decltype(entry)::policy_type::name) dims.assign(entry.head_dims.begin(), entry.head_dims.end());
+    if (policy == decltype(entry)::policy_type::name)
+      dims.assign(entry.compiled_head_dims.begin(), entry.compiled_head_dims.end());
   });
   return dims;
 }
 
 std::string policy_description(std::string_view policy) {
+#if defined(DIFFTX_CLI_CUDA)
+  if (is_cuda(policy)) return cuda_policy::description();
+#endif
   std::string description(policy);
   for_each_policy([&](auto entry) {
     using Policy = typename decltype(entry)::policy_type;
@@ -54,6 +82,9 @@ std::string policy_description(std::string_view policy) {
 }
 
 bool computes_in(std::string_view policy, io::dtype type) {
+#if defined(DIFFTX_CLI_CUDA)
+  if (is_cuda(policy)) return cuda_policy::computes_in(type);
+#endif
   return with_type(type, [&]<class T>() {
     bool supported = false;
     for_each_policy([&](auto entry) {
@@ -65,6 +96,9 @@ bool computes_in(std::string_view policy, io::dtype type) {
 }
 
 std::unique_ptr<runner> make_runner(const module_spec& spec, std::string_view policy, io::dtype type) {
+#if defined(DIFFTX_CLI_CUDA)
+  if (is_cuda(policy)) return cuda_policy::make_runner(spec, type);
+#endif
   return with_type(type, [&]<class T>() { return make_typed_runner<T>(spec, policy); });
 }
 

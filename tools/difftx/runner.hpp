@@ -4,6 +4,7 @@
 // them): the runner converts to its number type and its policy's memory.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -62,18 +63,27 @@ class runner {
   virtual void write_output(std::ostream& out, io::dtype type, const std::string& label) const = 0;
   virtual void write_grad_input(std::ostream& out, io::dtype type, const std::string& label) const = 0;
 
+  // Milliseconds `work` (calls of this runner) takes, measured as its policy
+  // needs: the host clock, or device events read after the device is done.
+  virtual double elapsed_ms(const std::function<void()>& work) const = 0;
   virtual int threads() const = 0;
 };
 
-// The registry (policies.hpp), by name.
+// The registry (policies.hpp, and cuda where DIFFTX_CLI_CUDA is on), by name.
 std::vector<std::string> built_policy_names();  // slowest first
-std::string fastest_policy();
-std::vector<index_t> built_head_dims(std::string_view policy);
-// "simd (avx512bw)" for a policy that reports its instruction set, else the name.
+std::string fastest_policy();                   // of those that run on the host: the default
+// Why a built policy cannot run here ("no CUDA device was found: ..."), or "" when it can.
+std::string unavailable_reason(std::string_view policy);
+// Head sizes with an instantiation of their own; any other positive even D
+// runs on the difftx::dynamic one (the same kernels).
+std::vector<index_t> compiled_head_dims(std::string_view policy);
+// "simd (avx512bw)" for a policy that reports its instruction set, "cuda
+// (NVIDIA H100 80GB HBM3, sm_90)" for the device, else the name.
 std::string policy_description(std::string_view policy);
 bool computes_in(std::string_view policy, io::dtype type);
 
-// Throws input_error for a policy or head size that is not built.
+// Throws input_error for a policy that is not built or a module config it
+// rejects (an odd head size, say).
 std::unique_ptr<runner> make_runner(const module_spec& spec, std::string_view policy, io::dtype type);
 
 // f.template operator()<T>() for the number type of t.

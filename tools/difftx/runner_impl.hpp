@@ -1,8 +1,11 @@
-// module_runner<Module>, and make_typed_runner<T>, which picks the policy, the
-// module kind and the head size for one number type T. Only the runners_*.cpp
-// files include this: each instantiates it for one type, so the build splits.
+// module_runner<Module>, and detail::make_for_policy, which picks the module
+// kind and the head size for one policy and number type. Only the runners_*
+// files include this (through typed_runners.hpp for the host policies; the
+// nvcc-compiled runners_cuda.cu directly), so the build splits by type.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <string>
 #include <utility>
 #if defined(_OPENMP)
@@ -13,10 +16,22 @@
 #include <difftx/io/npy.hpp>
 #include <difftx/io/parameters.hpp>
 
-#include "policies.hpp"
 #include "runner.hpp"
 
 namespace difftx::cli {
+
+// Milliseconds that `work` takes on Policy: the host clock around it, for a
+// policy whose calls return when their work is done. An asynchronous policy
+// specialises it (runners_cuda.cu: CUDA events on the stream, read only
+// after the stop event has completed).
+template <class Policy>
+struct work_timer {
+  static double elapsed_ms(const Policy&, const std::function<void()>& work) {
+    const auto start = std::chrono::steady_clock::now();
+    work();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+};
 
 template <class Module>
 class module_runner final : public runner {
@@ -94,6 +109,10 @@ class module_runner final : public runner {
   }
   io::stored_tensor grad_input(io::dtype type) const override { return to_stored(dx_, type); }
 
+  double elapsed_ms(const std::function<void()>& work) const override {
+    return work_timer<typename Module::policy_type>::elapsed_ms(module_.policy(), work);
+  }
+
   int threads() const override {
     if constexpr (requires(const typename Module::policy_type& p) { p.threads; }) {
 #if defined(_OPENMP)
@@ -144,7 +163,7 @@ namespace detail {
 
 inline MultiHeadConfig multihead_config(const module_spec& s, index_t layer_offset = 0) {
   return {.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .layer_index = s.layer_index + layer_offset,
-          .rope_theta = s.rope_theta, .causal = s.causal};
+          .rope_theta = s.rope_theta, .causal = s.causal, .head_dim = s.head_dim};
 }
 
 // The policy object every module of the runner gets: spec.threads, where the policy has threads.
@@ -156,6 +175,7 @@ Policy make_policy(const module_spec& s) {
   return policy;
 }
 
+// D: a compiled head size, or dynamic (then s.head_dim sets it).
 template <class Policy, class T, index_t D>
 std::unique_ptr<runner> make_with_head_dim(const module_spec& s) {
   const auto policy = make_policy<Policy>(s);
@@ -165,7 +185,7 @@ std::unique_ptr<runner> make_with_head_dim(const module_spec& s) {
     return std::make_unique<module_runner<Attention<T, D, Policy>>>(
         s.d_model,
         AttentionConfig{.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .rope_theta = s.rope_theta,
-                        .causal = s.causal},
+                        .causal = s.causal, .head_dim = s.head_dim},
         policy);
   if (s.kind == "decoder_layer")
     return std::make_unique<module_runner<DecoderLayer<T, D, Policy>>>(
@@ -177,38 +197,19 @@ std::unique_ptr<runner> make_with_head_dim(const module_spec& s) {
   return std::make_unique<module_runner<Stack<DecoderLayer<T, D, Policy>>>>(s.d_model, std::move(layers));
 }
 
+// The runner of spec's kind on Policy: a compiled head size D... where spec's
+// is one of them, else difftx::dynamic.
 template <class T, class Policy, index_t... D>
-std::unique_ptr<runner> make_for_policy(policy_entry<Policy, D...>, const module_spec& s) {
+std::unique_ptr<runner> make_for_policy(const module_spec& s) {
   if (s.kind == "rmsnorm")
     return std::make_unique<module_runner<RMSNorm<T, Policy>>>(s.d_model, s.d_model, s.eps, 1.0, make_policy<Policy>(s));
   if (s.kind == "swiglu")
     return std::make_unique<module_runner<SwiGLU<T, Policy>>>(s.d_model, s.d_model, s.ffn_dim, make_policy<Policy>(s));
   std::unique_ptr<runner> made;
-  ((s.head_dim == D && (made = make_with_head_dim<Policy, T, D>(s))) || ...);
-  require(made != nullptr, "make_runner", "head_dim",
-          "a head size built for policy " + std::string(Policy::name) + " (" + shape_string(policy_entry<Policy, D...>::head_dims) + ")",
-          std::to_string(s.head_dim));
-  return made;
+  if constexpr (sizeof...(D) > 0) ((s.head_dim == D && (made = make_with_head_dim<Policy, T, D>(s))) || ...);
+  return made ? std::move(made) : make_with_head_dim<Policy, T, dynamic>(s);
 }
 
 }  // namespace detail
-
-template <class T>
-std::unique_ptr<runner> make_typed_runner(const module_spec& spec, std::string_view policy) {
-  std::unique_ptr<runner> made;
-  std::apply(
-      [&](auto... entries) {
-        auto try_entry = [&](auto entry) {
-          using Policy = typename decltype(entry)::policy_type;
-          if (policy != Policy::name) return;
-          if constexpr (Policy::template supports<T>) made = detail::make_for_policy<T>(entry, spec);
-        };
-        (try_entry(entries), ...);
-      },
-      built_policies{});
-  require(made != nullptr, "make_runner", "policy", "a policy built into difftx that computes in " +
-          std::string(scalar_traits<T>::name), std::string(policy));
-  return made;
-}
 
 }  // namespace difftx::cli

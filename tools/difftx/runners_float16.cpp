@@ -1,4 +1,4 @@
-// Every runner computing in float16 (see runner_impl.hpp).
-#include "runner_impl.hpp"
+// Every host-policy runner computing in float16 (see typed_runners.hpp).
+#include "typed_runners.hpp"
 
 template std::unique_ptr<difftx::cli::runner> difftx::cli::make_typed_runner<Eigen::half>(const module_spec&, std::string_view);

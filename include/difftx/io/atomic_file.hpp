@@ -130,7 +130,11 @@ class output_files {
                           "a path given for another output too");
     entry e{target, canonical, {}, std::string(where), detail::temporary_registry::slots, false};
     for (int attempt = 0; attempt < 100 && e.temporary.empty(); ++attempt) {
-      fs::path candidate = folder / ("." + target.filename().string() + ".tmp" + std::to_string(std::random_device{}()));
+      // Appended piecewise: GCC 12's -Wrestrict misreads "." + string (GCC PR 105329).
+      std::string name(1, '.');
+      name += target.filename().string();
+      name += ".tmp" + std::to_string(std::random_device{}());
+      const fs::path candidate = folder / name;
       if (fs::exists(candidate, ec)) continue;
       std::ofstream create(candidate, std::ios::binary | std::ios::trunc);
       if (!create) throw input_error(e.where, target.string(), "a writable file", "cannot create " + candidate.string());

@@ -1,5 +1,6 @@
 // Attention<T, D, Policy>: the baseline standard causal softmax attention with
-// H heads of size D, G key/value groups and RoPE, no subln:
+// H heads of size D (or difftx::dynamic: D from config.head_dim), G key/value
+// groups and RoPE, no subln:
 //   Attn(X) = Concat_i(softmax(Q_i K_j^T / sqrt(D)) V_j) W_O^T,  j = i / (H / G).
 // The paper's matched baseline for MultiHead<T, D> with h heads is H = 2h.
 // Parameters: "q_proj.weight" [HD, C], "k_proj.weight" [GD, C],
@@ -22,18 +23,20 @@ struct AttentionConfig {
   index_t kv_heads = 0;  // G; 0 means G = H
   double rope_theta = 10000.0;
   bool causal = true;
+  index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
 };
 
-template <Scalar T, index_t D, class Policy = policy::reference>
+template <Scalar T, index_t HeadDim, class Policy = policy::reference>
   requires supported_by<Policy, T>
 class Attention {
-  static_assert(D > 0 && D % 2 == 0, "difftx: the head size D must be positive and even (interleaved RoPE pairs)");
+  static_assert(valid_head_dim<HeadDim>,
+                "difftx: the head size D must be positive and even (interleaved RoPE pairs), or difftx::dynamic");
   using linear_type = Linear<T, Policy>;
 
  public:
   using value_type = T;
   using policy_type = Policy;
-  static constexpr index_t head_dim = D;
+  static constexpr index_t compiled_head_dim = HeadDim;  // may be difftx::dynamic
   struct saved_type {
     shape_t<3> input_shape{};
     typename linear_type::saved_type q_proj, k_proj, v_proj, out_proj;
@@ -56,15 +59,16 @@ class Attention {
   explicit Attention(const AttentionConfig& config, Policy policy = {})
       : policy_(std::move(policy)),
         config_(checked(config)),
-        q_proj_(config_.d_model, config_.heads * D, policy_),
-        k_proj_(config_.d_model, config_.kv_heads * D, policy_),
-        v_proj_(config_.d_model, config_.kv_heads * D, policy_),
-        out_proj_(config_.heads * D, config_.d_model, policy_) {
+        q_proj_(config_.d_model, config_.heads * config_.head_dim, policy_),
+        k_proj_(config_.d_model, config_.kv_heads * config_.head_dim, policy_),
+        v_proj_(config_.d_model, config_.kv_heads * config_.head_dim, policy_),
+        out_proj_(config_.heads * config_.head_dim, config_.d_model, policy_) {
     random_stream rng(0);
     reset_parameters(rng);
   }
 
   const AttentionConfig& config() const noexcept { return config_; }
+  index_t head_dim() const noexcept { return config_.head_dim; }  // D
   shape_t<3> output_shape(const shape_t<3>& input) const noexcept { return input; }
 
   // x [B, N, C] -> y [B, N, C]
@@ -72,7 +76,7 @@ class Attention {
     constexpr std::string_view where = "Attention::forward";
     require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
     require_shape(where, "y", y, x.shape());
-    const index_t B = x.extent(0), N = x.extent(1), H = config_.heads, G = config_.kv_heads;
+    const index_t B = x.extent(0), N = x.extent(1), H = config_.heads, G = config_.kv_heads, D = config_.head_dim;
     auto& memory = policy_.memory();
     s.q.resize({B, N, H, 1, D}, memory);
     s.k.resize({B, N, G, 1, D}, memory);
@@ -98,7 +102,7 @@ class Attention {
     require_saved(where, s.input_shape, x.shape());
     require_shape(where, "dy", dy, x.shape());
     require_shape(where, "dx", dx, x.shape());
-    const index_t B = x.extent(0), N = x.extent(1), H = config_.heads, G = config_.kv_heads;
+    const index_t B = x.extent(0), N = x.extent(1), H = config_.heads, G = config_.kv_heads, D = config_.head_dim;
     auto& memory = policy_.memory();
     Tensor<T, 4> d_o(s.o.shape(), memory);
     Tensor<T, 5> dq(s.q.shape(), memory), dk(s.k.shape(), memory);
@@ -136,6 +140,7 @@ class Attention {
   static AttentionConfig checked(AttentionConfig c) {
     require(c.d_model > 0, "Attention", "config.d_model", "d_model >= 1", std::to_string(c.d_model));
     c.kv_heads = detail::checked_kv_heads("Attention", c.heads, c.kv_heads);
+    c.head_dim = detail::checked_head_dim<HeadDim>("Attention", c.head_dim);
     require(c.rope_theta > 0, "Attention", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
     return c;
   }

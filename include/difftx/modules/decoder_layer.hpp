@@ -4,7 +4,8 @@
 // DecoderLayer<T, D, Policy> is the Differential Transformer layer (Attn =
 // MultiHead<T, D, Policy>); BaselineLayer<T, D, Policy> is the same layer around
 // the standard-softmax Attention<T, D, Policy>, the paper's matched baseline
-// (give it 2h heads where the differential layer has h).
+// (give it 2h heads where the differential layer has h). D may be
+// difftx::dynamic: the config's attention.head_dim then sets it.
 // Parameters: "attn_norm.weight", "attn.<Attn names>", "ffn_norm.weight",
 // "ffn.<SwiGLU names>".
 #pragma once
@@ -38,7 +39,7 @@ class BasicDecoderLayer {
   using policy_type = typename Attn::policy_type;
   using attention_type = Attn;
   using config_type = BasicDecoderLayerConfig<std::remove_cvref_t<decltype(std::declval<const Attn&>().config())>>;
-  static constexpr index_t head_dim = Attn::head_dim;
+  static constexpr index_t compiled_head_dim = Attn::compiled_head_dim;  // may be difftx::dynamic
 
  private:
   using T = value_type;
@@ -82,6 +83,7 @@ class BasicDecoderLayer {
 
   const config_type& config() const noexcept { return config_; }
   index_t d_model() const noexcept { return config_.attention.d_model; }
+  index_t head_dim() const noexcept { return attn_.head_dim(); }  // D
   // The differential layer's lambda_init (only where Attn has one).
   double lambda_init() const noexcept
     requires requires(const Attn& a) { a.lambda_init(); }

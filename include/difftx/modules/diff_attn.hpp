@@ -1,5 +1,6 @@
 // DiffAttn<T, D, Policy>: the differential attention operator of one layer, on
-// projected (and rotated) queries, keys and values:
+// projected (and rotated) queries, keys and values (D: the half head size, or
+// difftx::dynamic to take it from the config, core/head_dim.hpp):
 //   O_i = (softmax(Q1 K1^T / sqrt(D)) - lambda softmax(Q2 K2^T / sqrt(D))) V_j,  j = i / (h / g)
 //   lambda = exp(lambda_q1 · lambda_k1) - exp(lambda_q2 · lambda_k2) + lambda_init(layer_index)
 // Parameters: "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2", each [D].
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "difftx/core/checks.hpp"
+#include "difftx/core/head_dim.hpp"
 #include "difftx/modules/parameter.hpp"
 #include "difftx/ops/attention.hpp"
 #include "difftx/ops/diff_lambda.hpp"
@@ -21,6 +23,7 @@ struct DiffAttnConfig {
   index_t kv_heads = 0;     // g key/value groups; 0 means g = h
   index_t layer_index = 0;  // l, sets lambda_init
   bool causal = true;
+  index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
 };
 
 namespace detail {
@@ -34,15 +37,16 @@ inline index_t checked_kv_heads(std::string_view where, index_t heads, index_t k
 }
 }  // namespace detail
 
-template <Scalar T, index_t D, class Policy = policy::reference>
+template <Scalar T, index_t HeadDim, class Policy = policy::reference>
   requires supported_by<Policy, T>
 class DiffAttn {
-  static_assert(D > 0 && D % 2 == 0, "difftx: the half head size D must be positive and even (interleaved RoPE pairs)");
+  static_assert(valid_head_dim<HeadDim>,
+                "difftx: the half head size D must be positive and even (interleaved RoPE pairs), or difftx::dynamic");
 
  public:
   using value_type = T;
   using policy_type = Policy;
-  static constexpr index_t head_dim = D;
+  static constexpr index_t compiled_head_dim = HeadDim;  // may be difftx::dynamic
   struct saved_type {
     shape_t<3> input_shape{};          // [B, N, h]: what the forward ran on
     Tensor<accum_t<T>, 1> lambda;      // [1]
@@ -62,11 +66,12 @@ class DiffAttn {
         heads_(config.heads),
         kv_heads_(detail::checked_kv_heads("DiffAttn", config.heads, config.kv_heads)),
         layer_index_(checked_layer_index(config.layer_index)),
+        head_dim_(detail::checked_head_dim<HeadDim>("DiffAttn", config.head_dim)),
         causal_(config.causal),
-        lambda_q1_({D}, policy_.memory()),
-        lambda_k1_({D}, policy_.memory()),
-        lambda_q2_({D}, policy_.memory()),
-        lambda_k2_({D}, policy_.memory()) {
+        lambda_q1_({head_dim_}, policy_.memory()),
+        lambda_k1_({head_dim_}, policy_.memory()),
+        lambda_q2_({head_dim_}, policy_.memory()),
+        lambda_k2_({head_dim_}, policy_.memory()) {
     random_stream rng(0);
     reset_parameters(rng);
   }
@@ -74,13 +79,14 @@ class DiffAttn {
   index_t heads() const noexcept { return heads_; }
   index_t kv_heads() const noexcept { return kv_heads_; }
   index_t layer_index() const noexcept { return layer_index_; }
+  index_t head_dim() const noexcept { return head_dim_; }  // D
   bool causal() const noexcept { return causal_; }
   double lambda_init() const noexcept { return difftx::lambda_init(layer_index_); }
 
-  shape_t<5> q_shape(index_t B, index_t N) const noexcept { return {B, N, heads_, 2, D}; }
-  shape_t<5> k_shape(index_t B, index_t N) const noexcept { return {B, N, kv_heads_, 2, D}; }
-  shape_t<4> v_shape(index_t B, index_t N) const noexcept { return {B, N, kv_heads_, 2 * D}; }
-  shape_t<4> output_shape(index_t B, index_t N) const noexcept { return {B, N, heads_, 2 * D}; }
+  shape_t<5> q_shape(index_t B, index_t N) const noexcept { return {B, N, heads_, 2, head_dim_}; }
+  shape_t<5> k_shape(index_t B, index_t N) const noexcept { return {B, N, kv_heads_, 2, head_dim_}; }
+  shape_t<4> v_shape(index_t B, index_t N) const noexcept { return {B, N, kv_heads_, 2 * head_dim_}; }
+  shape_t<4> output_shape(index_t B, index_t N) const noexcept { return {B, N, heads_, 2 * head_dim_}; }
 
   // q [B, N, h, 2, D], k [B, N, g, 2, D], v [B, N, g, 2D] -> o [B, N, h, 2D]
   void forward(cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, TensorView<T, 4> o, saved_type& saved) const {
@@ -145,7 +151,7 @@ class DiffAttn {
   }
 
   Policy policy_;
-  index_t heads_, kv_heads_, layer_index_;
+  index_t heads_, kv_heads_, layer_index_, head_dim_;
   bool causal_;
   Parameter<T, 1> lambda_q1_, lambda_k1_, lambda_q2_, lambda_k2_;
 };

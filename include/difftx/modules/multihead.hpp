@@ -1,6 +1,7 @@
 // MultiHead<T, D, Policy>: multi-head differential attention (the spec's
 // MultiHead(X)): projections, RoPE, DiffAttn per head, subln scaled by
-// (1 - lambda_init), output projection.
+// (1 - lambda_init), output projection. D is the half head size, or
+// difftx::dynamic to take it from config.head_dim (core/head_dim.hpp).
 // Parameters: "q_proj.weight" [2hD, C], "k_proj.weight" [2gD, C],
 // "v_proj.weight" [2gD, C], "out_proj.weight" [C, 2hD], "lambda_q1",
 // "lambda_k1", "lambda_q2", "lambda_k2" [D], "subln.weight" [2D].
@@ -23,20 +24,22 @@ struct MultiHeadConfig {
   index_t layer_index = 0;  // l, sets lambda_init = 0.8 - 0.6 exp(-0.3 l)
   double rope_theta = 10000.0;
   bool causal = true;
+  index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
 };
 
-template <Scalar T, index_t D, class Policy = policy::reference>
+template <Scalar T, index_t HeadDim, class Policy = policy::reference>
   requires supported_by<Policy, T>
 class MultiHead {
-  static_assert(D > 0 && D % 2 == 0, "difftx: the half head size D must be positive and even (interleaved RoPE pairs)");
+  static_assert(valid_head_dim<HeadDim>,
+                "difftx: the half head size D must be positive and even (interleaved RoPE pairs), or difftx::dynamic");
   using linear_type = Linear<T, Policy>;
-  using attn_type = DiffAttn<T, D, Policy>;
+  using attn_type = DiffAttn<T, HeadDim, Policy>;
   using norm_type = RMSNorm<T, Policy>;
 
  public:
   using value_type = T;
   using policy_type = Policy;
-  static constexpr index_t head_dim = D;
+  static constexpr index_t compiled_head_dim = HeadDim;  // may be difftx::dynamic
   struct saved_type {
     shape_t<3> input_shape{};
     typename linear_type::saved_type q_proj, k_proj, v_proj, out_proj;
@@ -63,17 +66,18 @@ class MultiHead {
   explicit MultiHead(const MultiHeadConfig& config, Policy policy = {})
       : policy_(std::move(policy)),
         config_(checked(config)),
-        q_proj_(config_.d_model, 2 * config_.heads * D, policy_),
-        k_proj_(config_.d_model, 2 * config_.kv_heads * D, policy_),
-        v_proj_(config_.d_model, 2 * config_.kv_heads * D, policy_),
-        out_proj_(2 * config_.heads * D, config_.d_model, policy_),
-        attn_({config_.heads, config_.kv_heads, config_.layer_index, config_.causal}, policy_),
-        subln_(2 * D, 1e-5, 1.0 - difftx::lambda_init(config_.layer_index), policy_) {
+        q_proj_(config_.d_model, 2 * config_.heads * config_.head_dim, policy_),
+        k_proj_(config_.d_model, 2 * config_.kv_heads * config_.head_dim, policy_),
+        v_proj_(config_.d_model, 2 * config_.kv_heads * config_.head_dim, policy_),
+        out_proj_(2 * config_.heads * config_.head_dim, config_.d_model, policy_),
+        attn_({config_.heads, config_.kv_heads, config_.layer_index, config_.causal, config_.head_dim}, policy_),
+        subln_(2 * config_.head_dim, 1e-5, 1.0 - difftx::lambda_init(config_.layer_index), policy_) {
     random_stream rng(0);
     reset_parameters(rng);
   }
 
   const MultiHeadConfig& config() const noexcept { return config_; }
+  index_t head_dim() const noexcept { return config_.head_dim; }  // D
   double lambda_init() const noexcept { return attn_.lambda_init(); }
   shape_t<3> output_shape(const shape_t<3>& input) const noexcept { return input; }
 
@@ -82,7 +86,7 @@ class MultiHead {
     constexpr std::string_view where = "MultiHead::forward";
     require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
     require_shape(where, "y", y, x.shape());
-    const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads;
+    const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads, D = config_.head_dim;
     s.q.resize(attn_.q_shape(B, N), policy_.memory());
     s.k.resize(attn_.k_shape(B, N), policy_.memory());
     s.v.resize(attn_.v_shape(B, N), policy_.memory());
@@ -107,7 +111,7 @@ class MultiHead {
     require_saved(where, s.input_shape, x.shape());
     require_shape(where, "dy", dy, x.shape());
     require_shape(where, "dx", dx, x.shape());
-    const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads;
+    const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads, D = config_.head_dim;
     auto& memory = policy_.memory();
     Tensor<T, 3> d_normed(s.normed.shape(), memory);
     Tensor<T, 4> d_o(s.o.shape(), memory);
@@ -150,6 +154,7 @@ class MultiHead {
   static MultiHeadConfig checked(MultiHeadConfig c) {
     require(c.d_model > 0, "MultiHead", "config.d_model", "d_model >= 1", std::to_string(c.d_model));
     c.kv_heads = detail::checked_kv_heads("MultiHead", c.heads, c.kv_heads);
+    c.head_dim = detail::checked_head_dim<HeadDim>("MultiHead", c.head_dim);
     require(c.layer_index >= 0, "MultiHead", "config.layer_index", "a layer index >= 0", std::to_string(c.layer_index));
     require(c.rope_theta > 0, "MultiHead", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
     return c;
