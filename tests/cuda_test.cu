@@ -2,13 +2,20 @@
 // N, N not a multiple of the tiles, grouped heads, non-causal, B > 1; forward
 // and every gradient of every module, in float32, float16 and bfloat16, within
 // difftx::testing::tolerance. Head sizes 64 and 128 exercise the tensor-core
-// attention kernels, 8 the CUDA-core ones. Without a GPU the suite exits 77,
-// which CTest reports as skipped.
+// attention kernels, 8 the CUDA-core ones. float64 runs MultiHead and
+// DecoderLayer in double throughout (the CUDA-core kernels at every head size).
+// Embedding and CrossEntropyLoss with token ids in device memory (repeated ids,
+// ignored targets, bad ids) and a LanguageModel trained one step's worth of
+// gradients, in float32 and float64. Without a GPU the suite exits 77, which
+// CTest reports as skipped.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <difftx/difftx.hpp>
@@ -117,6 +124,231 @@ std::string describe(const attention_case& c) {
          " g=" + std::to_string(c.kv_heads) + (c.causal ? " causal" : " non-causal");
 }
 
+// Token ids [B, N] in `memory` (host or device).
+Tensor<token_t, 2> tokens_in(const shape_t<2>& shape, const std::vector<token_t>& ids,
+                             memory_resource& memory = host_memory()) {
+  Tensor<token_t, 2> host(shape);
+  REQUIRE(static_cast<index_t>(ids.size()) == host.size());
+  std::copy(ids.begin(), ids.end(), host.data());
+  if (memory.space() == memory_space::host) return host;
+  Tensor<token_t, 2> device(shape, memory);
+  memory.upload(device.data(), host.data(), ids.size() * sizeof(token_t));
+  return device;
+}
+
+// n ids drawn uniformly from [low, high), seeded.
+std::vector<token_t> random_ids(index_t n, token_t low, token_t high, std::uint64_t seed) {
+  random_stream rng(seed);
+  std::vector<token_t> ids(static_cast<std::size_t>(n));
+  for (auto& id : ids) id = std::min<token_t>(high - 1, low + static_cast<token_t>(rng.uniform(0.0, high - low)));
+  return ids;
+}
+
+// Rounds the reference module's parameters through T and uploads them to the GPU module.
+template <class T, class Reference, class Gpu>
+void copy_parameters_to_device(Reference& reference, Gpu& gpu, const policy::cuda& p) {
+  auto ref_params = reference.parameters();
+  auto gpu_params = gpu.parameters();
+  REQUIRE(ref_params.size() == gpu_params.size());
+  for (std::size_t i = 0; i < ref_params.size(); ++i) {
+    REQUIRE(ref_params[i].name == gpu_params[i].name);
+    std::vector<T> typed(static_cast<std::size_t>(ref_params[i].size()));
+    for (index_t e = 0; e < ref_params[i].size(); ++e) {
+      ref_params[i].value[e] = through<T>(ref_params[i].value[e]);
+      typed[static_cast<std::size_t>(e)] = scalar_traits<T>::from_double(ref_params[i].value[e]);
+    }
+    p.memory().upload(gpu_params[i].value, typed.data(), typed.size() * sizeof(T));
+  }
+}
+
+// The worst normwise difference over every parameter gradient (floor: 10% of
+// the largest reference gradient, as check_module), and the parameter it is in.
+template <class T>
+std::pair<double, std::string> worst_gradient(const std::vector<parameter_ref<T>>& gpu_params,
+                                              const std::vector<parameter_ref<double>>& ref_params,
+                                              const policy::cuda& p) {
+  double scale = 0;
+  for (const auto& g : ref_params) scale = std::max(scale, testing::max_abs(g.grad, g.size()));
+  std::pair<double, std::string> worst{0.0, "none"};
+  for (std::size_t i = 0; i < ref_params.size(); ++i) {
+    const auto g = to_host(gpu_params[i].grad, gpu_params[i].size(), p);
+    const double d = testing::normwise_difference(g.data(), ref_params[i].grad, ref_params[i].size(), 0.1 * scale);
+    if (d >= worst.first) worst = {d, ref_params[i].name};
+  }
+  return worst;
+}
+
+// Runs f and returns the message of the input_error it throws ("" if none).
+template <class F>
+std::string input_error_of(F f) {
+  try {
+    f();
+  } catch (const input_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Embedding and CrossEntropyLoss in T on the GPU against the reference in double.
+template <class T>
+void check_embedding_and_cross_entropy() {
+  policy::cuda p;
+  const index_t V = 37, C = 24, B = 3, N = 41;  // 123 ids over 37 rows: ids repeat
+  const double u = scalar_traits<T>::epsilon;
+  const auto ids = random_ids(B * N, 0, static_cast<token_t>(V), 31);
+  const auto tokens_host = tokens_in({B, N}, ids), tokens_gpu = tokens_in({B, N}, ids, p.memory());
+
+  // Embedding: the forward copies rows (exact); the backward sums repeated ids.
+  Embedding<double> embed_ref(V, C);
+  Embedding<T, policy::cuda> embed_gpu(V, C, p);
+  test_support::randomise_parameters(embed_ref, 32);
+  copy_parameters_to_device<T>(embed_ref, embed_gpu, p);
+  auto dy = test_support::random_tensor<double, 3>({B, N, C}, 33);
+  for (index_t i = 0; i < dy.size(); ++i) dy.data()[i] = through<T>(dy.data()[i]);
+  Tensor<double, 3> y_ref({B, N, C});
+  Tensor<T, 3> y_gpu({B, N, C}, p.memory());
+  typename Embedding<double>::saved_type saved_ref;
+  typename Embedding<T, policy::cuda>::saved_type saved_gpu;
+  zero_grad(embed_ref);
+  zero_grad(embed_gpu);
+  embed_ref.forward(tokens_host, y_ref, saved_ref);
+  embed_ref.backward(tokens_host, dy, saved_ref);
+  const auto dy_gpu = to_device<T>(dy, p);
+  embed_gpu.forward(tokens_gpu, y_gpu, saved_gpu);
+  embed_gpu.backward(tokens_gpu, dy_gpu, saved_gpu);
+  const auto y = to_host(y_gpu.data(), y_gpu.size(), p);
+  CHECK(testing::normwise_difference(y.data(), y_ref.data(), y_ref.size()) == 0.0);
+  const double embed_backward = worst_gradient(embed_gpu.parameters(), embed_ref.parameters(), p).first;
+  MESSAGE("Embedding " << scalar_traits<T>::name << ": backward " << embed_backward / u << " u");
+  CHECK(embed_backward <= testing::tolerance<T>::backward);
+  // float64: each id's rows are summed in ascending order in double, then added
+  // once, exactly as the reference does, so the bits agree.
+  if constexpr (std::is_same_v<T, double>) CHECK(embed_backward == 0.0);
+
+  // An id outside the table: the reference's input_error, nothing written.
+  for (token_t bad : {static_cast<token_t>(V), token_t{-1}}) {
+    auto bad_ids = ids;
+    bad_ids[5] = bad;
+    bad_ids[70] = static_cast<token_t>(V + 3);  // a later bad id: the first one is named
+    const auto bad_host = tokens_in({B, N}, bad_ids), bad_gpu = tokens_in({B, N}, bad_ids, p.memory());
+    const std::string expected = input_error_of([&] { embed_ref.forward(bad_host, y_ref, saved_ref); });
+    CHECK(expected.find("at flat index 5") != std::string::npos);
+    CHECK(input_error_of([&] { embed_gpu.forward(bad_gpu, y_gpu, saved_gpu); }) == expected);
+    CHECK(to_host(y_gpu.data(), y_gpu.size(), p) == y);
+    const std::string expected_backward = input_error_of([&] { embed_ref.backward(bad_host, dy, saved_ref); });
+    CHECK(!expected_backward.empty());
+    CHECK(input_error_of([&] { embed_gpu.backward(bad_gpu, dy_gpu, saved_gpu); }) == expected_backward);
+  }
+
+  // Cross-entropy over logits [B, N, V]; about a fifth of the targets are -1 (ignored).
+  auto logits_ref = test_support::random_tensor<double, 3>({B, N, V}, 34, 2.0);
+  for (index_t i = 0; i < logits_ref.size(); ++i) logits_ref.data()[i] = through<T>(logits_ref.data()[i]);
+  auto target_ids = random_ids(B * N, 0, static_cast<token_t>(V), 35);
+  for (std::size_t i = 0; i < target_ids.size(); i += 5) target_ids[i] = -1;
+  const auto targets_host = tokens_in({B, N}, target_ids), targets_gpu = tokens_in({B, N}, target_ids, p.memory());
+  const auto logits_gpu = to_device<T>(logits_ref, p);
+  CrossEntropyLoss<double> ce_ref;
+  CrossEntropyLoss<T, policy::cuda> ce_gpu(p);
+  typename CrossEntropyLoss<double>::saved_type ce_saved_ref;
+  typename CrossEntropyLoss<T, policy::cuda>::saved_type ce_saved_gpu;
+  const double loss_ref = ce_ref.forward(logits_ref, targets_host, ce_saved_ref);
+  const double loss_gpu = ce_gpu.forward(logits_gpu, targets_gpu, ce_saved_gpu);
+  const double loss_difference = std::abs(loss_gpu - loss_ref) / std::abs(loss_ref);
+  const auto lse = to_host(ce_saved_gpu.lse.data(), ce_saved_gpu.lse.size(), p);
+  const double lse_difference =
+      testing::normwise_difference(lse.data(), ce_saved_ref.lse.data(), ce_saved_ref.lse.size());
+  Tensor<double, 3> dlogits_ref({B, N, V});
+  Tensor<T, 3> dlogits_gpu({B, N, V}, p.memory());
+  ce_ref.backward(logits_ref, targets_host, ce_saved_ref, dlogits_ref, 1.5);
+  ce_gpu.backward(logits_gpu, targets_gpu, ce_saved_gpu, dlogits_gpu, 1.5);
+  const auto dlogits = to_host(dlogits_gpu.data(), dlogits_gpu.size(), p);
+  const double ce_backward = testing::normwise_difference(dlogits.data(), dlogits_ref.data(), dlogits_ref.size());
+  MESSAGE("CrossEntropyLoss " << scalar_traits<T>::name << ": loss " << loss_difference / u << " u, lse "
+                              << lse_difference / u << " u, dlogits " << ce_backward / u << " u");
+  CHECK(loss_difference <= testing::tolerance<T>::forward);
+  CHECK(lse_difference <= testing::tolerance<T>::forward);
+  CHECK(ce_backward <= testing::tolerance<T>::backward);
+  for (index_t i = 0; i < dlogits_ref.size(); ++i)  // ignored rows: exactly zero
+    if (target_ids[static_cast<std::size_t>(i / V)] < 0) REQUIRE(dlogits[static_cast<std::size_t>(i)] == 0.0);
+
+  // No counted target: loss 0, every gradient 0.
+  const auto none = tokens_in({B, N}, std::vector<token_t>(static_cast<std::size_t>(B * N), -1), p.memory());
+  CHECK(ce_gpu.forward(logits_gpu, none, ce_saved_gpu) == 0.0);
+  ce_gpu.backward(logits_gpu, none, ce_saved_gpu, dlogits_gpu);
+  const auto zeros = to_host(dlogits_gpu.data(), dlogits_gpu.size(), p);
+  CHECK(std::all_of(zeros.begin(), zeros.end(), [](double v) { return v == 0.0; }));
+
+  // A target >= V: the reference's input_error from the forward and the backward.
+  auto bad_targets = target_ids;
+  bad_targets[7] = static_cast<token_t>(V);
+  const auto bad_host = tokens_in({B, N}, bad_targets), bad_gpu = tokens_in({B, N}, bad_targets, p.memory());
+  const std::string expected_forward = input_error_of([&] { ce_ref.forward(logits_ref, bad_host, ce_saved_ref); });
+  CHECK(expected_forward.find("at flat index 7") != std::string::npos);
+  CHECK(input_error_of([&] { ce_gpu.forward(logits_gpu, bad_gpu, ce_saved_gpu); }) == expected_forward);
+  ce_ref.forward(logits_ref, targets_host, ce_saved_ref);
+  ce_gpu.forward(logits_gpu, targets_gpu, ce_saved_gpu);
+  const std::string expected =
+      input_error_of([&] { ce_ref.backward(logits_ref, bad_host, ce_saved_ref, dlogits_ref); });
+  CHECK(!expected.empty());
+  CHECK(input_error_of([&] { ce_gpu.backward(logits_gpu, bad_gpu, ce_saved_gpu, dlogits_gpu); }) == expected);
+}
+
+// A two-layer LanguageModel<DecoderLayer> in T on the GPU against the same
+// model in double on the host: logits, the cross-entropy and every parameter
+// gradient of it. The model chains two layers and a head, so the bars are
+// twice a DecoderLayer's (as the simd test in training_test.cpp).
+template <class T>
+void check_language_model() {
+  policy::cuda p;
+  const index_t V = 23, B = 2, N = 19;
+  const auto ids = random_ids(B * N, 0, static_cast<token_t>(V), 41);
+  auto target_ids = random_ids(B * N, 0, static_cast<token_t>(V), 42);
+  for (std::size_t i = 3; i < target_ids.size(); i += 7) target_ids[i] = -1;
+  const auto tokens_host = tokens_in({B, N}, ids), tokens_gpu = tokens_in({B, N}, ids, p.memory());
+  const auto targets_host = tokens_in({B, N}, target_ids), targets_gpu = tokens_in({B, N}, target_ids, p.memory());
+  auto make = []<class U, class P>(P policy) {
+    std::vector<DecoderLayer<U, 8, P>> layers;
+    for (index_t l = 0; l < 2; ++l)
+      layers.emplace_back(DecoderLayerConfig{{.d_model = 32, .heads = 2, .kv_heads = 1, .layer_index = l}, 64}, policy);
+    return LanguageModel<DecoderLayer<U, 8, P>>({.vocab_size = 23, .d_model = 32}, std::move(layers));
+  };
+  auto reference = make.template operator()<double, policy::reference>(policy::reference{});
+  auto gpu = make.template operator()<T, policy::cuda>(p);
+  test_support::randomise_parameters(reference, 43);
+  copy_parameters_to_device<T>(reference, gpu, p);
+  zero_grad(reference);
+  zero_grad(gpu);
+
+  auto run = [](auto& model, const auto& tokens, const auto& targets, auto& logits, auto& dlogits) {
+    using Model = std::remove_reference_t<decltype(model)>;
+    CrossEntropyLoss<typename Model::value_type, typename Model::policy_type> ce(model.policy());
+    typename decltype(ce)::saved_type ce_saved;
+    typename Model::saved_type saved;
+    model.forward(tokens, logits, saved);
+    const double loss = ce.forward(logits, targets, ce_saved);
+    ce.backward(logits, targets, ce_saved, dlogits);
+    model.backward(tokens, dlogits, saved);
+    return loss;
+  };
+  Tensor<double, 3> logits_ref({B, N, V}), dlogits_ref({B, N, V});
+  Tensor<T, 3> logits_gpu({B, N, V}, p.memory()), dlogits_gpu({B, N, V}, p.memory());
+  const double loss_ref = run(reference, tokens_host, targets_host, logits_ref, dlogits_ref);
+  const double loss_gpu = run(gpu, tokens_gpu, targets_gpu, logits_gpu, dlogits_gpu);
+
+  const double u = scalar_traits<T>::epsilon;
+  const auto logits = to_host(logits_gpu.data(), logits_gpu.size(), p);
+  const double forward = testing::normwise_difference(logits.data(), logits_ref.data(), logits_ref.size());
+  const double loss_difference = std::abs(loss_gpu - loss_ref) / std::abs(loss_ref);
+  const auto gradients = worst_gradient(gpu.parameters(), reference.parameters(), p);
+  const double backward = gradients.first;
+  MESSAGE("LanguageModel " << scalar_traits<T>::name << ": logits " << forward / u << " u, loss "
+                           << loss_difference / u << " u, gradients " << backward / u << " u (worst "
+                           << gradients.second << ")");
+  CHECK(forward <= 2 * testing::tolerance<T>::forward);
+  CHECK(loss_difference <= 2 * testing::tolerance<T>::forward);
+  CHECK(backward <= 2 * testing::tolerance<T>::backward);
+}
+
 }  // namespace
 
 TEST_CASE("cuda: RMSNorm and SwiGLU") {
@@ -158,6 +390,58 @@ TEST_CASE("cuda: baseline Attention and DecoderLayer") {
         return DecoderLayer<U, 64, P>({{.d_model = 128, .heads = 2, .kv_heads = 1, .layer_index = 3}, 192}, p);
       },
       {2, 70, 128});
+}
+
+// float64 runs in double throughout (CUDA-core attention at every head size,
+// cuBLASLt in CUBLAS_COMPUTE_64F), against the reference, also in double: the
+// two differ only in the order of their sums, FMA contraction and the last bit
+// of exp/log, so they are held to testing::tolerance<double> (72 u = 8.0e-15
+// forward, 288 u = 3.2e-14 for gradients): the same multiple of u as float32's
+// bar, since the float64 kernels are the float32 ones with u = 2^-53 (simd
+// against the reference in float64 lands near 1 u and 7 u on a DecoderLayer).
+// Any float rounding left in the path would show as ~1e-7, 10^7 times the bar.
+TEST_CASE("cuda: float64 MultiHead and DecoderLayer, double throughout") {
+  for (const auto& c : cases) {
+    check_module<double>(
+        "MultiHead D=64 " + describe(c),
+        [c]<class U, class P>(P p) {
+          return MultiHead<U, 64, P>({.d_model = 128, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = 2,
+                                      .rope_theta = 10000.0, .causal = c.causal},
+                                     p);
+        },
+        {c.batch, c.seq, 128});
+    check_module<double>(
+        "MultiHead D=8 " + describe(c),
+        [c]<class U, class P>(P p) {
+          return MultiHead<U, 8, P>({.d_model = 48, .heads = c.heads, .kv_heads = c.kv_heads, .causal = c.causal}, p);
+        },
+        {c.batch, c.seq, 48});
+  }
+  // d = 128 with two maps: the largest double tiles (8 rows, 32 KiB of shared memory).
+  check_module<double>(
+      "MultiHead D=128",
+      []<class U, class P>(P p) { return MultiHead<U, 128, P>({.d_model = 256, .heads = 2, .kv_heads = 1}, p); },
+      {1, 150, 256});
+  check_module<double>(
+      "Attention D=64",
+      []<class U, class P>(P p) { return Attention<U, 64, P>({.d_model = 128, .heads = 4, .kv_heads = 2}, p); },
+      {2, 77, 128});
+  check_module<double>(
+      "DecoderLayer D=64",
+      []<class U, class P>(P p) {
+        return DecoderLayer<U, 64, P>({{.d_model = 128, .heads = 2, .kv_heads = 1, .layer_index = 3}, 192}, p);
+      },
+      {2, 70, 128});
+}
+
+TEST_CASE("cuda: Embedding and CrossEntropyLoss with token ids on the device") {
+  check_embedding_and_cross_entropy<float>();
+  check_embedding_and_cross_entropy<double>();
+}
+
+TEST_CASE("cuda: LanguageModel forward and backward") {
+  check_language_model<float>();
+  check_language_model<double>();
 }
 
 int main(int argc, char** argv) {

@@ -36,7 +36,10 @@ class CrossEntropyLoss {
     s.loss.resize({1}, policy_.memory());
     cross_entropy_forward<T>(policy_, flatten_rows(logits), flat(targets), s.loss.view(), s.lse.view());
     s.input_shape = logits.shape();
-    return static_cast<double>(s.loss(0));
+    if (s.loss.space() == memory_space::host) return static_cast<double>(s.loss(0));
+    accum_t<T> loss{};  // in device memory: read it back (this waits for the forward)
+    policy_.memory().download(&loss, s.loss.data(), sizeof loss);
+    return static_cast<double>(loss);
   }
 
   // dloss: the gradient at the loss (1 for the loss itself) -> dlogits [B, N, V] (assign)

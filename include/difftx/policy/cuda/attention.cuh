@@ -1,7 +1,9 @@
 // CUDA attention forward/backward (formulas and shapes in
 // difftx/ops/attention.hpp): the tensor-core kernels (attention_mma.cuh) for
 // float16 and bfloat16 with d = 64 or 128, the CUDA-core kernels
-// (attention_simt.cuh) for float32 and the other head sizes up to 128.
+// (attention_simt.cuh) for float32, float64 (in double throughout) and the
+// other head sizes up to 128. lambda, lse, rowsum and dλ are in the
+// accumulation type accum_t<T> (float, or double for float64).
 #pragma once
 
 #include <cmath>
@@ -21,11 +23,12 @@ template <class Q, class K, class V>
 attention_shape shape_of(const Q& q, const K& k, const V& v, bool causal) {
   const int d = static_cast<int>(q.extent(4));
   return {static_cast<int>(q.extent(0)), static_cast<int>(q.extent(1)), static_cast<int>(q.extent(2)),
-          static_cast<int>(k.extent(2)), d, static_cast<int>(v.extent(3)), causal, 1.0f / std::sqrt(static_cast<float>(d))};
+          static_cast<int>(k.extent(2)), d, static_cast<int>(v.extent(3)), causal,
+          1.0f / std::sqrt(static_cast<float>(d)), 1.0 / std::sqrt(static_cast<double>(d))};
 }
 
 template <class T>
-constexpr bool has_tensor_cores = !std::is_same_v<T, float>;
+constexpr bool has_tensor_cores = std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
 
 inline bool use_tensor_cores(int d) { return d == 64 || d == 128; }
 
@@ -46,6 +49,8 @@ void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvie
                        TensorView<accum_t<T>, 4> lse) {
   using namespace cuda_detail;
   using DT = device_t<T>;
+  using A = accum_t<T>;
+  static_assert(std::is_same_v<A, device_accum_t<DT>>, "lambda and lse are in the kernels' accumulation type");
   constexpr std::string_view where = "attention_forward";
   detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, "o");
   require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
@@ -55,7 +60,7 @@ void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvie
   const auto* vp = device_pointer(v.data());
   auto* op = device_pointer(o.data());
   auto* o2p = Maps == 2 ? device_pointer(o2.data()) : nullptr;
-  const float* lam = Maps == 2 ? lambda.data() : nullptr;
+  const A* lam = Maps == 2 ? lambda.data() : nullptr;
   if constexpr (has_tensor_cores<T>) {
     if (use_tensor_cores(s.d)) {
       auto launch = [&](auto head) {
@@ -91,6 +96,8 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
                         TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda) {
   using namespace cuda_detail;
   using DT = device_t<T>;
+  using A = accum_t<T>;
+  static_assert(std::is_same_v<A, device_accum_t<DT>>, "lambda, lse and dlambda are in the kernels' accumulation type");
   constexpr std::string_view where = "attention_backward";
   detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
                                          dlambda);
@@ -100,14 +107,14 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
   const auto* kp = device_pointer(k.data());
   const auto* vp = device_pointer(v.data());
   const auto* dop = device_pointer(d_o.data());
-  const float* lam = Maps == 2 ? lambda.data() : nullptr;
+  const A* lam = Maps == 2 ? lambda.data() : nullptr;
 
-  // rowsum(dO ⊙ O_m) and dλ
-  Tensor<float, 4> rowsum({s.B, s.H, Maps, s.N}, p.memory());
-  float* dlam = nullptr;
+  // rowsum(dO ⊙ O_m) and dλ, in A
+  Tensor<A, 4> rowsum({s.B, s.H, Maps, s.N}, p.memory());
+  A* dlam = nullptr;
   if constexpr (Maps == 2) {
     dlam = dlambda.data();
-    DIFFTX_CUDA_CHECK(cudaMemsetAsync(dlam, 0, sizeof(float), p.stream()));
+    DIFFTX_CUDA_CHECK(cudaMemsetAsync(dlam, 0, sizeof(A), p.stream()));
   }
   const long long rows = static_cast<long long>(s.B) * s.N * s.H;
   attention_rowsums<Maps, DT><<<blocks_for(rows, 8), 256, 0, p.stream()>>>(

@@ -1,5 +1,6 @@
 // CUDA elementwise kernels: the SwiGLU gate (formulas in difftx/ops/swiglu.hpp),
-// residual adds and copies (difftx/ops/elementwise.hpp).
+// residual adds and copies (difftx/ops/elementwise.hpp), in the accumulation
+// type (float, or double for float64).
 #pragma once
 
 #include "difftx/ops/elementwise.hpp"
@@ -30,6 +31,7 @@ void launch_for_each(const policy::cuda& p, long long n, F f) {
 }
 
 __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + __expf(-z)); }
+__device__ __forceinline__ double sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
 
 }  // namespace cuda_detail
 
@@ -41,11 +43,12 @@ void swiglu_gate_forward(const policy::cuda& p, cview<T, 2> g, cview<T, 2> u, Te
   constexpr std::string_view where = "swiglu_gate_forward";
   detail::check_swiglu_gate(where, memory_space::device, g, u, h, "h");
   using DT = device_t<T>;
+  using A = device_accum_t<DT>;
   const DT *gp = device_pointer(g.data()), *up = device_pointer(u.data());
   DT* hp = device_pointer(h.data());
   launch_for_each(p, g.size(), [=] __device__(long long i) {
-    const float z = to_float(gp[i]);
-    hp[i] = from_float<DT>(z * sigmoid(z) * to_float(up[i]));
+    const A z = to_accum(gp[i]);
+    hp[i] = from_accum<DT>(z * sigmoid(z) * to_accum(up[i]));
   });
 }
 
@@ -58,12 +61,13 @@ void swiglu_gate_backward(const policy::cuda& p, cview<T, 2> g, cview<T, 2> u, c
   constexpr std::string_view where = "swiglu_gate_backward";
   detail::check_swiglu_gate_backward(where, memory_space::device, g, u, dh, dg, du);
   using DT = device_t<T>;
+  using A = device_accum_t<DT>;
   const DT *gp = device_pointer(g.data()), *up = device_pointer(u.data()), *dhp = device_pointer(dh.data());
   DT *dgp = device_pointer(dg.data()), *dup = device_pointer(du.data());
   launch_for_each(p, g.size(), [=] __device__(long long i) {
-    const float z = to_float(gp[i]), sig = sigmoid(z), grad = to_float(dhp[i]);
-    dgp[i] = from_float<DT>(grad * to_float(up[i]) * sig * (1.0f + z * (1.0f - sig)));
-    dup[i] = from_float<DT>(grad * z * sig);
+    const A z = to_accum(gp[i]), sig = sigmoid(z), grad = to_accum(dhp[i]);
+    dgp[i] = from_accum<DT>(grad * to_accum(up[i]) * sig * (A(1) + z * (A(1) - sig)));
+    dup[i] = from_accum<DT>(grad * z * sig);
   });
 }
 
@@ -76,7 +80,7 @@ void add_into(const policy::cuda& p, cview<T, R> x, TensorView<T, R> y) {
   using DT = device_t<T>;
   const DT* xp = device_pointer(x.data());
   DT* yp = device_pointer(y.data());
-  launch_for_each(p, x.size(), [=] __device__(long long i) { yp[i] = from_float<DT>(to_float(yp[i]) + to_float(xp[i])); });
+  launch_for_each(p, x.size(), [=] __device__(long long i) { yp[i] = from_accum<DT>(to_accum(yp[i]) + to_accum(xp[i])); });
 }
 
 // y = x, any rank

@@ -1,5 +1,6 @@
 // CUDA rotary position embedding (formulas in difftx/ops/rope.hpp): one thread
-// per pair; the angle and its sine and cosine in double, as the reference.
+// per pair; the angle and its sine and cosine in double, as the reference, the
+// rotation in the accumulation type (float, or double for float64).
 #pragma once
 
 #include "difftx/ops/rope.hpp"
@@ -20,11 +21,12 @@ __global__ void rope_kernel(DT* x, long long pairs, long long N, long long V, in
   const double angle = static_cast<double>(offset + n) * pow(theta, -2.0 * i / d);
   double s, c;
   sincos(angle, &s, &c);
-  const float cf = static_cast<float>(c), sf = static_cast<float>(sign * s);
+  using A = device_accum_t<DT>;
+  const A cf = static_cast<A>(c), sf = static_cast<A>(sign * s);
   DT* v = x + 2 * pair;
-  const float x0 = to_float(v[0]), x1 = to_float(v[1]);
-  v[0] = from_float<DT>(x0 * cf - x1 * sf);
-  v[1] = from_float<DT>(x0 * sf + x1 * cf);
+  const A x0 = to_accum(v[0]), x1 = to_accum(v[1]);
+  v[0] = from_accum<DT>(x0 * cf - x1 * sf);
+  v[1] = from_accum<DT>(x0 * sf + x1 * cf);
 }
 
 template <class T>

@@ -13,10 +13,12 @@ namespace difftx::policy {
 struct cuda {
   static constexpr const char* name = "cuda";
   // float32 computes in float32 (no TF32); float16 and bfloat16 are stored as
-  // they are and computed with float accumulation.
+  // they are and computed with float accumulation; float64 computes in double
+  // throughout (CUDA-core kernels and cuBLASLt's CUBLAS_COMPUTE_64F, no float
+  // rounding anywhere), for float64 gradient checks on the device.
   template <class T>
-  static constexpr bool supports =
-      std::is_same_v<T, float> || std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
+  static constexpr bool supports = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                   std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
 
   std::shared_ptr<cuda_context> context = cuda_context::for_current_device();
 
