@@ -114,6 +114,19 @@ run_files run_module(const test_support::temp_folder& folder, const std::string&
   return {io::read_npy(folder / "y.npy"), io::read_npy(folder / "dx.npy"), io::read_safetensors(folder / "dw.safetensors")};
 }
 
+// The output's difference from the reference run, and the worst of dx and
+// every weight gradient, each against at least a tenth of the largest reference
+// gradient, as every suite compares them (testing::gradient_floor_fraction).
+std::pair<double, double> differences(const run_files& ours, const run_files& reference) {
+  double scale = testing::max_abs(reference.grad_input.values().data(), reference.grad_input.size());
+  for (const auto& [name, t] : reference.grad_weights.tensors) scale = std::max(scale, testing::max_abs(t.values().data(), t.size()));
+  const double floor = testing::gradient_floor_fraction * scale;
+  double backward = difference(ours.grad_input, reference.grad_input, floor);
+  for (const auto& [name, t] : reference.grad_weights.tensors)
+    backward = std::max(backward, difference(ours.grad_weights.at(name, "test", "dw"), t, floor));
+  return {difference(ours.output, reference.output), backward};
+}
+
 }  // namespace
 
 TEST_CASE("cli: --help exits 0 for the tool and each command") {
@@ -325,13 +338,7 @@ TEST_CASE("cli gpu: --policy cuda reproduces the PyTorch fixture, or says in one
   test_support::temp_folder folder;
   const auto reference = run_module(folder, fixture_weights, fixture_input, fixture_grad_output, "float64 --policy reference");
   const auto ours = run_module(folder, fixture_weights, fixture_input, fixture_grad_output, "float32 --policy cuda");
-  double scale = testing::max_abs(reference.grad_input.values().data(), reference.grad_input.size());
-  for (const auto& [name, t] : reference.grad_weights.tensors) scale = std::max(scale, testing::max_abs(t.values().data(), t.size()));
-  const double floor = testing::gradient_floor_fraction * scale;
-  double backward = difference(ours.grad_input, reference.grad_input, floor);
-  for (const auto& [name, t] : reference.grad_weights.tensors)
-    backward = std::max(backward, difference(ours.grad_weights.at(name, "test", "dw"), t, floor));
-  const double forward = difference(ours.output, reference.output);
+  const auto [forward, backward] = differences(ours, reference);
   MESSAGE("cuda float32: output " << forward << ", gradients " << backward);
   CHECK(forward <= testing::tolerance<float>::forward);
   CHECK(backward <= testing::tolerance<float>::backward);
@@ -360,13 +367,7 @@ TEST_CASE("cli: run in float32, bfloat16 and float16 stays within tolerance of a
     const auto reference = run_module(folder, weights, q(folder / "x.npy"), q(folder / "dy.npy"), "float64");
     const auto ours = run_module(folder, weights, q(folder / "x.npy"), q(folder / "dy.npy"), std::string(io::dtype_name(type)));
     CHECK(ours.output.type == io::dtype::f32);
-    const double forward = difference(ours.output, reference.output);
-    double scale = testing::max_abs(reference.grad_input.values().data(), reference.grad_input.size());
-    for (const auto& [name, t] : reference.grad_weights.tensors) scale = std::max(scale, testing::max_abs(t.values().data(), t.size()));
-    const double floor = testing::gradient_floor_fraction * scale;
-    double backward = difference(ours.grad_input, reference.grad_input, floor);
-    for (const auto& [name, t] : reference.grad_weights.tensors)
-      backward = std::max(backward, difference(ours.grad_weights.at(name, "test", "dw"), t, floor));
+    const auto [forward, backward] = differences(ours, reference);
     MESSAGE(io::dtype_name(type) << ": output " << forward << " (bar " << tolerance.forward << "), gradients " << backward
                                  << " (bar " << tolerance.backward << "); output vs the float64 fixture "
                                  << difference(ours.output, fixture.at("output", "test", "fixture")));

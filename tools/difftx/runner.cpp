@@ -52,7 +52,7 @@ std::vector<std::string> built_policy_names() {
 // A host policy, so the default runs on every machine the tool runs on.
 std::string fastest_policy() { return host_policy_names().back(); }
 
-std::string unavailable_reason(std::string_view policy) {
+std::string unavailable_reason([[maybe_unused]] std::string_view policy) {
 #if defined(DIFFTX_CLI_CUDA)
   if (is_cuda(policy)) return cuda_policy::unavailable_reason();
 #endif
