@@ -53,6 +53,15 @@ double through(double v) {
   return scalar_traits<T>::to_double(scalar_traits<T>::from_double(v));
 }
 
+// Rounds the reference module's parameters through T, so it holds exactly what
+// the GPU module gets, and copies them there (modules/copy_parameters.hpp).
+template <class T, class Reference, class Gpu>
+void copy_parameters_to_device(Reference& reference, Gpu& gpu) {
+  for (const auto& param : reference.parameters())
+    for (index_t e = 0; e < param.size(); ++e) param.value[e] = through<T>(param.value[e]);
+  copy_parameters(reference, gpu);
+}
+
 // The module in T on the GPU against the same module in double on the host.
 template <class T, class Make>
 void check_module(const std::string& label, Make make, const shape_t<3>& shape) {
@@ -60,17 +69,9 @@ void check_module(const std::string& label, Make make, const shape_t<3>& shape) 
   auto reference = make.template operator()<double, policy::reference>(policy::reference{});
   auto gpu = make.template operator()<T, policy::cuda>(p);
   test_support::randomise_parameters(reference, 11);
-  auto ref_params = reference.parameters();
-  auto gpu_params = gpu.parameters();
-  REQUIRE(ref_params.size() == gpu_params.size());
-  for (std::size_t i = 0; i < ref_params.size(); ++i) {
-    std::vector<T> typed(static_cast<std::size_t>(ref_params[i].size()));
-    for (index_t e = 0; e < ref_params[i].size(); ++e) {
-      ref_params[i].value[e] = through<T>(ref_params[i].value[e]);
-      typed[static_cast<std::size_t>(e)] = scalar_traits<T>::from_double(ref_params[i].value[e]);
-    }
-    p.memory().upload(gpu_params[i].value, typed.data(), typed.size() * sizeof(T));
-  }
+  copy_parameters_to_device<T>(reference, gpu);
+  const auto ref_params = reference.parameters();
+  const auto gpu_params = gpu.parameters();
   auto x = test_support::random_tensor<double, 3>(shape, 12), dy = test_support::random_tensor<double, 3>(shape, 13);
   for (auto* t : {&x, &dy})
     for (index_t i = 0; i < t->size(); ++i) t->data()[i] = through<T>(t->data()[i]);
@@ -144,23 +145,6 @@ std::vector<token_t> random_ids(index_t n, token_t low, token_t high, std::uint6
   return ids;
 }
 
-// Rounds the reference module's parameters through T and uploads them to the GPU module.
-template <class T, class Reference, class Gpu>
-void copy_parameters_to_device(Reference& reference, Gpu& gpu, const policy::cuda& p) {
-  auto ref_params = reference.parameters();
-  auto gpu_params = gpu.parameters();
-  REQUIRE(ref_params.size() == gpu_params.size());
-  for (std::size_t i = 0; i < ref_params.size(); ++i) {
-    REQUIRE(ref_params[i].name == gpu_params[i].name);
-    std::vector<T> typed(static_cast<std::size_t>(ref_params[i].size()));
-    for (index_t e = 0; e < ref_params[i].size(); ++e) {
-      ref_params[i].value[e] = through<T>(ref_params[i].value[e]);
-      typed[static_cast<std::size_t>(e)] = scalar_traits<T>::from_double(ref_params[i].value[e]);
-    }
-    p.memory().upload(gpu_params[i].value, typed.data(), typed.size() * sizeof(T));
-  }
-}
-
 // The worst normwise difference over every parameter gradient (floor: 10% of
 // the largest reference gradient, as check_module), and the parameter it is in.
 template <class T>
@@ -202,7 +186,7 @@ void check_embedding_and_cross_entropy() {
   Embedding<double> embed_ref(V, C);
   Embedding<T, policy::cuda> embed_gpu(V, C, p);
   test_support::randomise_parameters(embed_ref, 32);
-  copy_parameters_to_device<T>(embed_ref, embed_gpu, p);
+  copy_parameters_to_device<T>(embed_ref, embed_gpu);
   auto dy = test_support::random_tensor<double, 3>({B, N, C}, 33);
   for (index_t i = 0; i < dy.size(); ++i) dy.data()[i] = through<T>(dy.data()[i]);
   Tensor<double, 3> y_ref({B, N, C});
@@ -315,7 +299,7 @@ void check_language_model() {
   auto reference = make.template operator()<double, policy::reference>(policy::reference{});
   auto gpu = make.template operator()<T, policy::cuda>(p);
   test_support::randomise_parameters(reference, 43);
-  copy_parameters_to_device<T>(reference, gpu, p);
+  copy_parameters_to_device<T>(reference, gpu);
   zero_grad(reference);
   zero_grad(gpu);
 

@@ -9,6 +9,7 @@
 
 #include <difftx/difftx.hpp>
 
+#include "support/dual.hpp"
 #include "support/helpers.hpp"
 
 using namespace difftx;
@@ -144,6 +145,59 @@ TEST_CASE("gradcheck: long double") {
   INFO(result.report());
   MESSAGE("DecoderLayer<long double>: worst " << result.worst_error() << " at " << result.where());
   CHECK(result.passed());
+}
+
+namespace {
+
+using dual_test::Dual;
+
+const MultiHeadConfig dual_config{.d_model = 12, .heads = 2, .kv_heads = 1, .layer_index = 5};
+
+// A MultiHead whose backward makes out_proj's gradient 0.1% too large: the
+// kind of slip gradcheck exists to catch.
+template <class T>
+class off_by_a_little : public MultiHead<T, 4> {
+ public:
+  using MultiHead<T, 4>::MultiHead;
+  void backward(cview<T, 3> x, cview<T, 3> dy, const typename MultiHead<T, 4>::saved_type& saved, TensorView<T, 3> dx) {
+    MultiHead<T, 4>::backward(x, dy, saved, dx);
+    for (const auto& p : this->parameters())
+      if (p.name == "out_proj.weight")
+        for (index_t i = 0; i < p.size(); ++i)
+          p.grad[i] = scalar_traits<T>::from_double(scalar_traits<T>::to_double(p.grad[i]) * (1 + 1e-3));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("gradcheck: any Scalar (the tests' dual numbers)") {
+  // A type that is not std::floating_point takes gradcheck's other path: shifts
+  // in its accumulation type, values read through to_double. Dual's values
+  // compute as double's do, so the bar is double's.
+  MultiHead<Dual, 4> dual(dual_config);
+  randomise_parameters(dual, 15);
+  const auto x = random_tensor<Dual, 3>({2, 3, 12}, 16);
+  const auto result = testing::gradcheck(dual, x.view());
+  INFO(result.report());
+  MESSAGE("MultiHead<Dual>: worst " << result.worst_error() << " at " << result.where());
+  CHECK(result.passed());
+  CHECK(result.worst_error() < gradcheck_tolerance);
+  REQUIRE(result.tensors.size() == dual.parameters().size() + 1);
+  CHECK(result.tensors.front().checked == x.size());  // every entry of the input
+  for (const auto& t : result.tensors) CHECK_FALSE(t.all_zero);
+}
+
+TEST_CASE("gradcheck detects a wrong gradient in any Scalar") {
+  off_by_a_little<Dual> broken(dual_config);
+  randomise_parameters(broken, 17);
+  const auto x = random_tensor<Dual, 3>({1, 4, 12}, 18);
+  const auto result = testing::gradcheck(broken, x.view());
+  INFO(result.report());
+  CHECK_FALSE(result.passed());
+  CHECK(result.worst().name == "out_proj.weight");
+  CHECK(result.worst_error() == doctest::Approx(1e-3).epsilon(0.01));  // |1.001 g - g| / (1.001 |g|)
+  for (const auto& t : result.tensors)
+    if (t.name != "out_proj.weight") CHECK(t.worst_error < gradcheck_tolerance);
 }
 
 TEST_CASE("gradcheck detects a wrong gradient") {

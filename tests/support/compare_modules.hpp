@@ -47,7 +47,7 @@ comparison compare_modules(Candidate& candidate, Oracle& oracle, const difftx::s
   randomise_parameters(oracle, seed);
   for (auto& p : oracle.parameters())
     for (index_t i = 0; i < p.size(); ++i) p.value[i] = round_through<R, T>(p.value[i]);
-  copy_parameters(candidate, oracle);
+  difftx::copy_parameters(oracle, candidate);
 
   auto x_ref = random_tensor<R, 3>(shape, seed + 1, input_scale);
   auto dy_ref = random_tensor<R, 3>(oracle.output_shape(shape), seed + 2);

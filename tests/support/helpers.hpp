@@ -39,21 +39,6 @@ void randomise_parameters(Module& module, std::uint64_t seed) {
   }
 }
 
-// Copies parameter values between modules of the same shape and any number types.
-template <class To, class From>
-void copy_parameters(To& to, From& from) {
-  using T = typename To::value_type;
-  using F = typename From::value_type;
-  auto dst = to.parameters();
-  auto src = from.parameters();
-  REQUIRE(dst.size() == src.size());
-  for (std::size_t i = 0; i < dst.size(); ++i) {
-    REQUIRE(dst[i].name == src[i].name);
-    for (index_t e = 0; e < dst[i].size(); ++e)
-      dst[i].value[e] = difftx::scalar_traits<T>::from_double(difftx::scalar_traits<F>::to_double(src[i].value[e]));
-  }
-}
-
 template <class T, std::size_t R, class F>
 difftx::Tensor<T, R> convert(const difftx::Tensor<F, R>& from) {
   difftx::Tensor<T, R> to(from.shape());

@@ -1,0 +1,340 @@
+// Moving tensors and parameters between memories (core/transfer.hpp,
+// modules/copy_parameters.hpp), and gradcheck on a module whose memory is a
+// device's. No GPU is needed: a fake device stands in for one.
+//  - fake_device_memory reports memory_space::device and keeps every byte
+//    XOR-ed with a key, so code that reads "device" memory through a host
+//    pointer instead of downloading it reads garbage and fails the checks.
+//  - policy fake_device runs MultiHead's ops as a device policy must look from
+//    outside: the reference kernels on host copies of the device tensors, the
+//    outputs uploaded back.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include <difftx/difftx.hpp>
+#include <difftx/modules/copy_parameters.hpp>
+
+#include "support/helpers.hpp"
+
+using namespace difftx;
+using test_support::expect_input_error;
+using test_support::random_tensor;
+using test_support::randomise_parameters;
+
+namespace {
+
+class fake_device_memory final : public memory_resource {
+ public:
+  explicit fake_device_memory(unsigned char key) : key_(key) {}
+  void* allocate(std::size_t bytes) override { return host_memory().allocate(bytes); }
+  void deallocate(void* p, std::size_t bytes) noexcept override { host_memory().deallocate(p, bytes); }
+  void copy(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void zero(void* p, std::size_t bytes) override { std::memset(p, key_, bytes); }  // encoded zeros
+  void upload(void* dst, const void* src, std::size_t bytes) override { transcode(dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) override { transcode(dst, src, bytes); }
+  memory_space space() const noexcept override { return memory_space::device; }
+
+ private:
+  void transcode(void* dst, const void* src, std::size_t bytes) const {
+    auto* d = static_cast<unsigned char*>(dst);
+    const auto* s = static_cast<const unsigned char*>(src);
+    for (std::size_t i = 0; i < bytes; ++i) d[i] = s[i] ^ key_;
+  }
+  unsigned char key_;
+};
+
+fake_device_memory& fake_memory() {
+  static fake_device_memory memory(0xa5);
+  return memory;
+}
+
+struct fake_device {
+  static constexpr const char* name = "fake_device";
+  template <class T>
+  static constexpr bool supports = Scalar<T> && std::is_trivially_copyable_v<T>;
+  memory_resource& memory() const noexcept { return fake_memory(); }
+};
+
+// A kernel argument as the reference kernel takes it: a device view becomes a
+// host copy, uploaded back afterwards unless read-only; the rest passes as is.
+template <class Arg>
+class on_host_arg {
+ public:
+  explicit on_host_arg(Arg arg) : arg_(arg) {}
+  Arg get() const { return arg_; }
+
+ private:
+  Arg arg_;
+};
+
+template <class T, std::size_t R>
+class on_host_arg<TensorView<T, R>> {
+ public:
+  explicit on_host_arg(TensorView<T, R> view) : device_(view), staged_(view.space() == memory_space::device) {
+    if (staged_) host_ = to_host(view, fake_memory());
+  }
+  on_host_arg(const on_host_arg&) = delete;
+  on_host_arg& operator=(const on_host_arg&) = delete;
+  ~on_host_arg() {
+    if constexpr (!std::is_const_v<T>)
+      if (staged_) fake_memory().upload(device_.data(), host_.data(), static_cast<std::size_t>(host_.size()) * sizeof(T));
+  }
+  TensorView<T, R> get() { return staged_ ? TensorView<T, R>(host_.view()) : device_; }
+
+ private:
+  TensorView<T, R> device_;
+  bool staged_;
+  Tensor<std::remove_const_t<T>, R> host_;
+};
+
+template <class Kernel, class... Args>
+void on_host(Kernel kernel, Args... args) {
+  std::tuple<on_host_arg<Args>...> staged(args...);
+  std::apply([&](auto&... a) { kernel(a.get()...); }, staged);
+}
+
+// MultiHead's ops on fake_device (signatures as in policy/reference/*.hpp).
+template <Scalar T>
+void linear_forward(const fake_device&, cview<T, 2> x, cview<T, 2> w, TensorView<T, 2> y) {
+  on_host([](auto... a) { linear_forward(policy::reference{}, a...); }, x, w, y);
+}
+template <Scalar T>
+void linear_backward(const fake_device&, cview<T, 2> x, cview<T, 2> w, cview<T, 2> dy, TensorView<T, 2> dx,
+                     TensorView<T, 2> dw, write_mode dx_mode) {
+  on_host([](auto... a) { linear_backward(policy::reference{}, a...); }, x, w, dy, dx, dw, dx_mode);
+}
+template <Scalar T>
+void rope_forward(const fake_device&, TensorView<T, 4> x, index_t offset, double theta) {
+  on_host([](auto... a) { rope_forward(policy::reference{}, a...); }, x, offset, theta);
+}
+template <Scalar T>
+void rope_backward(const fake_device&, TensorView<T, 4> dx, index_t offset, double theta) {
+  on_host([](auto... a) { rope_backward(policy::reference{}, a...); }, dx, offset, theta);
+}
+template <int Maps, Scalar T>
+void attention_forward(const fake_device&, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, cview<accum_t<T>, 1> lambda,
+                       bool causal, TensorView<T, 4> o, TensorView<T, 4> o2, TensorView<accum_t<T>, 4> lse) {
+  on_host([](auto... a) { attention_forward<Maps>(policy::reference{}, a...); }, q, k, v, lambda, causal, o, o2, lse);
+}
+template <int Maps, Scalar T>
+void attention_backward(const fake_device&, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, cview<accum_t<T>, 1> lambda,
+                        bool causal, cview<T, 4> o, cview<T, 4> o2, cview<accum_t<T>, 4> lse, cview<T, 4> d_o,
+                        TensorView<T, 5> dq, TensorView<T, 5> dk, TensorView<T, 4> dv,
+                        TensorView<accum_t<T>, 1> dlambda) {
+  on_host([](auto... a) { attention_backward<Maps>(policy::reference{}, a...); }, q, k, v, lambda, causal, o, o2, lse,
+          d_o, dq, dk, dv, dlambda);
+}
+template <Scalar T>
+void diff_lambda_forward(const fake_device&, TensorView<const T, 1> lq1, cview<T, 1> lk1, cview<T, 1> lq2,
+                         cview<T, 1> lk2, double lambda_init, TensorView<accum_t<T>, 1> lambda) {
+  on_host([](auto... a) { diff_lambda_forward(policy::reference{}, a...); }, lq1, lk1, lq2, lk2, lambda_init, lambda);
+}
+template <Scalar T>
+void diff_lambda_backward(const fake_device&, TensorView<const T, 1> lq1, cview<T, 1> lk1, cview<T, 1> lq2,
+                          cview<T, 1> lk2, cview<accum_t<T>, 1> dlambda, TensorView<T, 1> dlq1, TensorView<T, 1> dlk1,
+                          TensorView<T, 1> dlq2, TensorView<T, 1> dlk2) {
+  on_host([](auto... a) { diff_lambda_backward(policy::reference{}, a...); }, lq1, lk1, lq2, lk2, dlambda, dlq1, dlk1,
+          dlq2, dlk2);
+}
+template <Scalar T>
+void rmsnorm_forward(const fake_device&, cview<T, 2> x, cview<T, 1> w, double eps, double scale, TensorView<T, 2> y,
+                     TensorView<accum_t<T>, 1> rstd) {
+  on_host([](auto... a) { rmsnorm_forward(policy::reference{}, a...); }, x, w, eps, scale, y, rstd);
+}
+template <Scalar T>
+void rmsnorm_backward(const fake_device&, cview<T, 2> x, cview<T, 1> w, cview<accum_t<T>, 1> rstd, double scale,
+                      cview<T, 2> dy, TensorView<T, 2> dx, TensorView<T, 1> dw) {
+  on_host([](auto... a) { rmsnorm_backward(policy::reference{}, a...); }, x, w, rstd, scale, dy, dx, dw);
+}
+
+const MultiHeadConfig small_config{.d_model = 12, .heads = 2, .kv_heads = 1, .layer_index = 2};
+
+template <class T, std::size_t R>
+bool same_bits(const Tensor<T, R>& a, const Tensor<T, R>& b) {
+  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(T)) == 0;
+}
+
+// Every parameter value (or gradient) of a host module, in order.
+template <class Module>
+std::vector<double> flat_values(Module& module, bool gradients = false) {
+  std::vector<double> all;
+  for (const auto& p : module.parameters())
+    for (index_t i = 0; i < p.size(); ++i)
+      all.push_back(scalar_traits<typename Module::value_type>::to_double(gradients ? p.grad[i] : p.value[i]));
+  return all;
+}
+
+// Doubles whose bits a sloppy copy would change: signed zero, a subnormal, infinity, NaN.
+Tensor<double, 3> awkward_tensor() {
+  auto t = random_tensor<double, 3>({2, 3, 5}, 1);
+  t(0, 0, 0) = -0.0;
+  t(0, 0, 1) = std::numeric_limits<double>::denorm_min();
+  t(0, 0, 2) = -std::numeric_limits<double>::infinity();
+  t(0, 0, 3) = std::numeric_limits<double>::quiet_NaN();
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("to_memory and to_host: round trips through a device are bit-exact") {
+  const auto host = awkward_tensor();
+  const auto device = to_memory(host, fake_memory());
+  CHECK(device.space() == memory_space::device);
+  CHECK(&device.memory() == &fake_memory());
+  CHECK(device.shape() == host.shape());
+  // The device holds other bytes than the host: reading it directly would be wrong.
+  CHECK(std::memcmp(device.data(), host.data(), static_cast<std::size_t>(host.size()) * sizeof(double)) != 0);
+
+  const auto back = to_host(device);
+  CHECK(back.space() == memory_space::host);
+  CHECK(same_bits(back, host));
+
+  SUBCASE("device to the same device: a copy there") {
+    const auto copy = to_memory(device, fake_memory());
+    CHECK(copy.data() != device.data());
+    CHECK(&copy.memory() == &fake_memory());
+    CHECK(same_bits(to_host(copy), host));
+  }
+  SUBCASE("device to another device, through the host") {
+    fake_device_memory other(0x3c);
+    const auto there = to_memory(device, other);
+    CHECK(&there.memory() == &other);
+    CHECK(std::memcmp(there.data(), device.data(), static_cast<std::size_t>(host.size()) * sizeof(double)) != 0);
+    CHECK(same_bits(to_host(there), host));
+  }
+  SUBCASE("host to host: a copy") {
+    const auto copy = to_memory(host, host_memory());
+    CHECK(copy.data() != host.data());
+    CHECK(same_bits(copy, host));
+  }
+  SUBCASE("views, with the memory they live in") {
+    CHECK(same_bits(to_memory(host.view(), fake_memory()), device));
+    CHECK(same_bits(to_host(device.view(), fake_memory()), host));
+    CHECK(same_bits(to_memory(device.view(), fake_memory(), host_memory()), host));
+    const Tensor<double, 2> empty({0, 4});
+    const auto empty_back = to_host(to_memory(empty, fake_memory()));
+    CHECK(empty_back.shape() == shape_t<2>{0, 4});
+  }
+}
+
+TEST_CASE("to_memory: a device view without its resource, or with a host one, is refused") {
+  const auto device = to_memory(awkward_tensor(), fake_memory());
+  expect_input_error([&] { (void)to_memory(device.view(), host_memory()); }, "to_memory", "src", "host memory",
+                     "device memory");
+  expect_input_error([&] { (void)to_host(device.view(), host_memory()); }, "to_memory", "src", "host memory",
+                     "device memory");
+  const auto host = awkward_tensor();
+  expect_input_error([&] { (void)to_memory(host.view(), fake_memory(), host_memory()); }, "to_memory", "src",
+                     "device memory", "host memory");
+}
+
+TEST_CASE("copy_parameters: host to device and back, bit for bit") {
+  MultiHead<double, 4> host(small_config), back(small_config);
+  MultiHead<double, 4, fake_device> device(small_config);
+  randomise_parameters(host, 3);
+  const auto expected = flat_values(host);
+  REQUIRE(flat_values(back) != expected);  // the copy has something to do
+
+  copy_parameters(host, device);
+  copy_parameters(device, back);
+  CHECK(flat_values(back) == expected);
+  for (const auto& p : device.parameters()) CHECK(p.space() == memory_space::device);
+}
+
+TEST_CASE("copy_parameters: other number types convert through double") {
+  MultiHead<double, 4> wide(small_config);
+  MultiHead<float, 4> narrow(small_config);
+  MultiHead<float, 4, fake_device> narrow_device(small_config);
+  randomise_parameters(wide, 4);
+  copy_parameters(wide, narrow_device);  // converted on the host, then uploaded
+  copy_parameters(narrow_device, narrow);
+  const auto from = flat_values(wide), to = flat_values(narrow);
+  REQUIRE(from.size() == to.size());
+  bool rounded = true, changed = false;
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    rounded = rounded && to[i] == static_cast<double>(static_cast<float>(from[i]));
+    changed = changed || to[i] != from[i];
+  }
+  CHECK(rounded);
+  CHECK(changed);  // the values were rounded, not copied as bytes
+}
+
+TEST_CASE("copy_parameters: mismatched modules throw and leave the destination as it was") {
+  SUBCASE("a parameter of another shape, after many that match") {
+    DecoderLayer<double, 4> from({small_config, 24}), to({small_config, 32});
+    randomise_parameters(from, 5);
+    const auto before = flat_values(to);
+    expect_input_error([&] { copy_parameters(from, to); }, "copy_parameters", "ffn.gate_proj.weight",
+                       "shape [24, 12]", "shape [32, 12]");
+    CHECK(flat_values(to) == before);
+  }
+  SUBCASE("another parameter name") {
+    MultiHead<double, 4> from(small_config);
+    DecoderLayer<double, 4> to({small_config, 24});
+    const auto before = flat_values(to);
+    expect_input_error([&] { copy_parameters(from, to); }, "copy_parameters", "to", "'q_proj.weight'",
+                       "'attn_norm.weight'");
+    CHECK(flat_values(to) == before);
+  }
+  SUBCASE("fewer parameters (the baseline attention has no lambdas or subln)") {
+    MultiHead<double, 4> from(small_config);
+    Attention<double, 4> to({.d_model = 12, .heads = 4, .kv_heads = 2});
+    randomise_parameters(from, 6);
+    const auto before = flat_values(to);
+    expect_input_error([&] { copy_parameters(from, to); }, "copy_parameters", "to", "9 parameters", "4");
+    CHECK(flat_values(to) == before);
+  }
+  SUBCASE("gradients: other heads") {
+    MultiHead<double, 4> from(small_config);
+    MultiHead<double, 4, fake_device> to({.d_model = 12, .heads = 4, .kv_heads = 1, .layer_index = 2});
+    expect_input_error([&] { copy_gradients(from, to); }, "copy_gradients", "q_proj.weight", "shape [16, 12]",
+                       "shape [32, 12]");
+  }
+}
+
+TEST_CASE("gradcheck through device memory: the same result as on the host, parameters restored") {
+  MultiHead<double, 4> host(small_config), from_device(small_config);
+  MultiHead<double, 4, fake_device> device(small_config);
+  randomise_parameters(host, 7);
+  copy_parameters(host, device);
+  const auto x = random_tensor<double, 3>({2, 3, 12}, 8);
+
+  const auto on_host = testing::gradcheck(host, x.view());
+  INFO(on_host.report());
+  REQUIRE(on_host.passed());
+
+  // x given in host memory, and x already on the device.
+  for (const bool x_on_device : {false, true}) {
+    CAPTURE(x_on_device);
+    const auto x_device = to_memory(x, fake_memory());
+    const auto on_device = testing::gradcheck(device, x_on_device ? x_device.view() : x.view());
+    INFO(on_device.report());
+    CHECK(on_device.passed());
+    REQUIRE(on_device.tensors.size() == on_host.tensors.size());
+    for (std::size_t i = 0; i < on_host.tensors.size(); ++i) {
+      const auto &a = on_device.tensors[i], &b = on_host.tensors[i];
+      CAPTURE(b.name);
+      CHECK(a.name == b.name);
+      CHECK(a.checked == b.checked);
+      CHECK(a.worst_error == b.worst_error);  // the same kernels on the same numbers
+      CHECK(a.analytic == b.analytic);
+      CHECK(a.numeric == b.numeric);
+    }
+    // Every perturbed value is back, and the gradients left are the host's.
+    copy_parameters(device, from_device);
+    CHECK(flat_values(from_device) == flat_values(host));
+    copy_gradients(device, from_device);
+    CHECK(flat_values(from_device, true) == flat_values(host, true));
+  }
+}
+
+TEST_CASE("gradcheck: x in a device memory the module does not use is refused") {
+  MultiHead<double, 4> host(small_config);
+  const auto x_device = to_memory(random_tensor<double, 3>({1, 2, 12}, 9), fake_memory());
+  expect_input_error([&] { (void)testing::gradcheck(host, x_device.view()); }, "gradcheck", "x",
+                     "host memory or the module's", "device memory");
+}
