@@ -93,18 +93,18 @@ module_spec bench_spec(const bench_options& o) {
 
 // One policy's timings.
 struct bench_row {
-  std::string policy;
+  std::string policy, description;  // "simd", "simd (fma3+avx2)"
   int threads = 1;
   bool compiled_head_dim = false;  // D has its own instantiation on this policy
   double forward_ms = 0, both_ms = 0;
 };
 
-bench_row time_policy(const bench_options& o, const module_spec& spec, const std::string& policy,
+bench_row time_policy(const bench_options& o, const module_spec& spec, const std::string& policy, io::dtype type,
                       const io::stored_tensor& input) {
-  auto module = make_runner(spec, policy, checked_dtype(o.dtype, policy));
+  auto module = make_runner(spec, policy, type);
   module->set_input(input, "random input");
   module->set_grad_output(input, "random grad_output");
-  bench_row row{.policy = policy, .threads = module->threads()};
+  bench_row row{.policy = policy, .description = policy_description(policy), .threads = module->threads()};
   const auto compiled = compiled_head_dims(policy);
   row.compiled_head_dim = std::find(compiled.begin(), compiled.end(), spec.head_dim) != compiled.end();
   row.forward_ms = median_ms(*module, o.repeats, [&] { module->forward(); });
@@ -133,7 +133,7 @@ void bench(const bench_options& o) {
   const auto input = io::stored_tensor::from_values(type, {o.batch, o.seq, o.d_model}, x);
   x = {};
   std::vector<bench_row> rows;
-  for (const auto& policy : o.policies) rows.push_back(time_policy(o, spec, policy, input));
+  for (const auto& policy : o.policies) rows.push_back(time_policy(o, spec, policy, type, input));
 
   const auto flops = count_flops(spec, o.batch, o.seq);
   const double tokens = static_cast<double>(o.batch * o.seq);
@@ -147,7 +147,7 @@ void bench(const bench_options& o) {
 
   if (o.json) {
     for (const auto& row : rows) {
-      nlohmann::json j{{"module", o.module}, {"policy", row.policy}, {"policy_detail", policy_description(row.policy)},
+      nlohmann::json j{{"module", o.module}, {"policy", row.policy}, {"policy_detail", row.description},
                        {"dtype", o.dtype}, {"threads", row.threads}, {"batch", o.batch}, {"seq", o.seq},
                        {"d_model", o.d_model}, {"repeats", o.repeats}, {"forward_ms", row.forward_ms},
                        {"forward_tokens_per_s", tokens / row.forward_ms * 1e3}, {"forward_flops", flops.forward},
@@ -172,7 +172,7 @@ void bench(const bench_options& o) {
   auto line = [&](const bench_row& row, const char* pass, double ms, double first_ms, double flop) {
     char rate[32] = "-";
     if (flop > 0) std::snprintf(rate, sizeof rate, "%.3f", flop / (ms * 1e6));
-    std::printf("%-34s %7d %-16s %10.3f %12.0f %9s %7.2f\n", policy_description(row.policy).c_str(), row.threads, pass, ms,
+    std::printf("%-34s %7d %-16s %10.3f %12.0f %9s %7.2f\n", row.description.c_str(), row.threads, pass, ms,
                 tokens / ms * 1e3, rate, first_ms / ms);
   };
   for (const auto& row : rows) {
