@@ -11,8 +11,11 @@
 #include <vector>
 
 #include "difftx/modules/diff_attn.hpp"
+#include "difftx/modules/kv_cache.hpp"
+#include "difftx/modules/sequences.hpp"
 #include "difftx/modules/linear.hpp"
 #include "difftx/ops/attention.hpp"
+#include "difftx/ops/attention_decode.hpp"
 #include "difftx/ops/rope.hpp"
 
 namespace difftx {
@@ -45,6 +48,7 @@ class Attention {
     Tensor<T, 4> v;                 // [B, N, G, D]
     Tensor<accum_t<T>, 4> lse;      // [B, H, 1, N]
     Tensor<T, 4> o;                 // [B, N, H, D] softmax(Q K^T / sqrt(D)) V, the out_proj input
+    std::vector<index_t> sequences;  // cu_seqlens of a packed batch (B = 1), empty for a dense one
 
     template <class F>
     void for_each_intermediate(const std::string& prefix, F&& f) const {
@@ -71,28 +75,29 @@ class Attention {
   index_t head_dim() const noexcept { return config_.head_dim; }  // D
   shape_t<3> output_shape(const shape_t<3>& input) const noexcept { return input; }
 
-  // x [B, N, C] -> y [B, N, C]
-  void forward(cview<T, 3> x, TensorView<T, 3> y, saved_type& s) const {
+  // x [B, N, C] -> y [B, N, C]; or a packed batch x [1, total, C] with its
+  // cu_seqlens (modules/sequences.hpp), each sequence attending within itself.
+  void forward(cview<T, 3> x, TensorView<T, 3> y, saved_type& s, sequence_offsets sequences = {}) const {
     constexpr std::string_view where = "Attention::forward";
-    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
-    require_shape(where, "y", y, x.shape());
-    const index_t B = x.extent(0), N = x.extent(1), H = config_.heads, G = config_.kv_heads, D = config_.head_dim;
-    auto& memory = policy_.memory();
-    s.q.resize({B, N, H, 1, D}, memory);
-    s.k.resize({B, N, G, 1, D}, memory);
-    s.v.resize({B, N, G, D}, memory);
-    s.lse.resize({B, H, 1, N}, memory);
-    s.o.resize({B, N, H, D}, memory);
-
-    q_proj_.forward(x, s.q.view().template reshape<3>({B, N, H * D}), s.q_proj);
-    k_proj_.forward(x, s.k.view().template reshape<3>({B, N, G * D}), s.k_proj);
-    v_proj_.forward(x, s.v.view().template reshape<3>({B, N, G * D}), s.v_proj);
-    rope_forward(policy_, s.q.view().template reshape<4>({B, N, H, D}), 0, config_.rope_theta);
-    rope_forward(policy_, s.k.view().template reshape<4>({B, N, G, D}), 0, config_.rope_theta);
-    attention_forward<1>(policy_, s.q.const_view(), s.k.const_view(), s.v.const_view(), cview<accum_t<T>, 1>{},
-                         config_.causal, s.o.view(), TensorView<T, 4>{}, s.lse.view());
-    out_proj_.forward(s.o.const_view().template reshape<3>({B, N, H * D}), y, s.out_proj);
+    check_input(where, x, y, sequences);
+    const index_t B = x.extent(0), N = x.extent(1);
+    project(x, s);
+    s.lse.resize({B, config_.heads, 1, N}, policy_.memory());
+    detail::for_each_sequence(sequences, [&](const auto& seq) {
+      rope_forward(policy_, seq.rows(detail::rope_vectors(s.q)), 0, config_.rope_theta);
+      rope_forward(policy_, seq.rows(detail::rope_vectors(s.k)), 0, config_.rope_theta);
+      attention_forward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()), seq.rows(s.v.const_view()),
+                           cview<accum_t<T>, 1>{}, config_.causal, seq.rows(s.o.view()), TensorView<T, 4>{},
+                           seq.lse(s.lse.view()));
+    });
+    output(s, y);
+    s.sequences.assign(sequences.begin(), sequences.end());
     s.input_shape = x.shape();
+  }
+  // The same output, keeping no state (inference): only this call's scratch.
+  void forward(cview<T, 3> x, TensorView<T, 3> y, sequence_offsets sequences = {}) const {
+    saved_type scratch;
+    forward(x, y, scratch, sequences);
   }
 
   // dy [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates
@@ -107,17 +112,54 @@ class Attention {
     Tensor<T, 4> d_o(s.o.shape(), memory);
     Tensor<T, 5> dq(s.q.shape(), memory), dk(s.k.shape(), memory);
     Tensor<T, 4> dv(s.v.shape(), memory);
-
     out_proj_.backward(s.o.const_view().template reshape<3>({B, N, H * D}), dy, s.out_proj,
                        d_o.view().template reshape<3>({B, N, H * D}));
-    attention_backward<1>(policy_, s.q.const_view(), s.k.const_view(), s.v.const_view(), cview<accum_t<T>, 1>{},
-                          config_.causal, s.o.const_view(), cview<T, 4>{}, s.lse.const_view(), d_o.const_view(),
-                          dq.view(), dk.view(), dv.view(), TensorView<accum_t<T>, 1>{});
-    rope_backward(policy_, dq.view().template reshape<4>({B, N, H, D}), 0, config_.rope_theta);
-    rope_backward(policy_, dk.view().template reshape<4>({B, N, G, D}), 0, config_.rope_theta);
+    detail::for_each_sequence(s.sequences, [&](const auto& seq) {
+      attention_backward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()), seq.rows(s.v.const_view()),
+                            cview<accum_t<T>, 1>{}, config_.causal, seq.rows(s.o.const_view()), cview<T, 4>{},
+                            seq.lse(s.lse.const_view()), seq.rows(d_o.const_view()), seq.rows(dq.view()),
+                            seq.rows(dk.view()), seq.rows(dv.view()), TensorView<accum_t<T>, 1>{});
+      rope_backward(policy_, seq.rows(detail::rope_vectors(dq)), 0, config_.rope_theta);
+      rope_backward(policy_, seq.rows(detail::rope_vectors(dk)), 0, config_.rope_theta);
+    });
     q_proj_.backward(x, dq.view().template reshape<3>({B, N, H * D}), s.q_proj, dx);
     k_proj_.backward(x, dk.view().template reshape<3>({B, N, G * D}), s.k_proj, dx, write_mode::add);
     v_proj_.backward(x, dv.view().template reshape<3>({B, N, G * D}), s.v_proj, dx, write_mode::add);
+  }
+
+  // Inference with a KV cache (modules/kv_cache.hpp): as MultiHead's.
+  using cache_type = KVCache<T>;
+  cache_type make_cache(index_t batch, index_t capacity) const {
+    return cache_type(cache_shape(batch, capacity), policy_.memory());
+  }
+  // Prompts x [B, N, C] (or packed with cu_seqlens) -> y; the cache restarts with them.
+  void prefill(cview<T, 3> x, cache_type& cache, TensorView<T, 3> y, sequence_offsets sequences = {}) const {
+    constexpr std::string_view where = "Attention::prefill";
+    check_input(where, x, y, sequences);
+    detail::check_prefill(where, cache, cache_shape(0, 0), x, sequences, policy_.memory().space());
+    saved_type s;
+    forward(x, y, s, sequences);
+    cache.reset();
+    detail::append_prompts(cache, s.k.const_view(), s.v.const_view(), sequences);
+  }
+  // New tokens x [B, T, C] -> y [B, T, C] at each sequence's position; they join the cache.
+  void decode(cview<T, 3> x, cache_type& cache, TensorView<T, 3> y) const {
+    constexpr std::string_view where = "Attention::decode";
+    check_input(where, x, y, {});
+    cache.require_layout(where, cache_shape(x.extent(0), cache.capacity()), x.extent(0), policy_.memory().space());
+    cache.require_decodable(where, x.extent(1));
+    require(config_.causal, where, "config.causal", "a causal module (decoding appends to the past)", "non-causal");
+    saved_type s;
+    project(x, s);
+    detail::rope_from_positions(policy_, detail::rope_vectors(s.q), cache.lengths(), config_.rope_theta);
+    detail::rope_from_positions(policy_, detail::rope_vectors(s.k), cache.lengths(), config_.rope_theta);
+    cache.append(s.k.view(), s.v.view());
+    attention_decode<1>(policy_, s.q.const_view(), cache.keys(), cache.values(), cache.lengths(),
+                        cview<accum_t<T>, 1>{}, s.o.view());
+    output(s, y);
+  }
+  KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept {
+    return {batch, capacity, config_.kv_heads, 1, config_.head_dim, config_.head_dim};
   }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
@@ -143,6 +185,30 @@ class Attention {
     c.head_dim = detail::checked_head_dim<HeadDim>("Attention", c.head_dim);
     require(c.rope_theta > 0, "Attention", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
     return c;
+  }
+
+  void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
+                   sequence_offsets sequences) const {
+    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
+    require_shape(where, "y", y, x.shape());
+    if (!sequences.empty()) detail::check_sequence_offsets(where, "x", x, sequences);
+  }
+  // x [B, N, C] -> s.q, s.k, s.v (not yet rotated); s.o sized
+  void project(cview<T, 3> x, saved_type& s) const {
+    const index_t B = x.extent(0), N = x.extent(1), H = config_.heads, G = config_.kv_heads, D = config_.head_dim;
+    auto& memory = policy_.memory();
+    s.q.resize({B, N, H, 1, D}, memory);
+    s.k.resize({B, N, G, 1, D}, memory);
+    s.v.resize({B, N, G, D}, memory);
+    s.o.resize({B, N, H, D}, memory);
+    q_proj_.forward(x, s.q.view().template reshape<3>({B, N, H * D}), s.q_proj);
+    k_proj_.forward(x, s.k.view().template reshape<3>({B, N, G * D}), s.k_proj);
+    v_proj_.forward(x, s.v.view().template reshape<3>({B, N, G * D}), s.v_proj);
+  }
+  // s.o [B, N, H, D] -> out_proj -> y [B, N, C]
+  void output(saved_type& s, TensorView<T, 3> y) const {
+    const index_t B = s.o.extent(0), N = s.o.extent(1);
+    out_proj_.forward(s.o.const_view().template reshape<3>({B, N, config_.heads * config_.head_dim}), y, s.out_proj);
   }
 
   Policy policy_;

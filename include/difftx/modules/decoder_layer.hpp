@@ -94,19 +94,38 @@ class BasicDecoderLayer {
   const Attn& attention() const noexcept { return attn_; }
   shape_t<3> output_shape(const shape_t<3>& input) const noexcept { return input; }
 
-  // x [B, N, C] -> out [B, N, C]
-  void forward(cview<T, 3> x, TensorView<T, 3> out, saved_type& s) const {
+  // x [B, N, C] -> out [B, N, C]; or a packed batch x [1, total, C] with its
+  // cu_seqlens (modules/sequences.hpp), each sequence attending within itself.
+  void forward(cview<T, 3> x, TensorView<T, 3> out, saved_type& s, sequence_offsets sequences = {}) const {
     constexpr std::string_view where = "DecoderLayer::forward";
     require_tokens(where, "x", x, d_model(), policy_.memory().space());
     require_shape(where, "out", out, x.shape());
     for (auto* t : {&s.attn_in, &s.y, &s.ffn_in}) t->resize(x.shape(), policy_.memory());
     attn_norm_.forward(x, s.attn_in.view(), s.attn_norm);
-    attn_.forward(s.attn_in.view(), s.y.view(), s.attn);
+    attn_.forward(s.attn_in.view(), s.y.view(), s.attn, sequences);
     add_into(policy_, x, s.y.view());
     ffn_norm_.forward(s.y.view(), s.ffn_in.view(), s.ffn_norm);
     ffn_.forward(s.ffn_in.view(), out, s.ffn);
     add_into(policy_, s.y.const_view(), out);
     s.input_shape = x.shape();
+  }
+
+  // Inference, keeping no state: the same output with only this call's scratch.
+  void forward(cview<T, 3> x, TensorView<T, 3> out, sequence_offsets sequences = {}) const {
+    infer("DecoderLayer::forward", x, out, [&](cview<T, 3> in, TensorView<T, 3> y) { attn_.forward(in, y, sequences); });
+  }
+  // With a KV cache (modules/kv_cache.hpp): the attention's cache.
+  using cache_type = typename Attn::cache_type;
+  cache_type make_cache(index_t batch, index_t capacity) const { return attn_.make_cache(batch, capacity); }
+  KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept { return attn_.cache_shape(batch, capacity); }
+  // Prompts x [B, N, C] (or packed with cu_seqlens) -> out; the cache restarts with them.
+  void prefill(cview<T, 3> x, cache_type& cache, TensorView<T, 3> out, sequence_offsets sequences = {}) const {
+    infer("DecoderLayer::prefill", x, out,
+          [&](cview<T, 3> in, TensorView<T, 3> y) { attn_.prefill(in, cache, y, sequences); });
+  }
+  // New tokens x [B, T, C] -> out [B, T, C] at each sequence's position; they join the cache.
+  void decode(cview<T, 3> x, cache_type& cache, TensorView<T, 3> out) const {
+    infer("DecoderLayer::decode", x, out, [&](cview<T, 3> in, TensorView<T, 3> y) { attn_.decode(in, cache, y); });
   }
 
   // dout [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates
@@ -144,6 +163,22 @@ class BasicDecoderLayer {
   const Policy& policy() const noexcept { return policy_; }
 
  private:
+  // The layer's forward with attend(attn_in, y) as its attention, two buffers of scratch.
+  template <class Attend>
+  void infer(std::string_view where, cview<T, 3> x, TensorView<T, 3> out, Attend&& attend) const {
+    require_tokens(where, "x", x, d_model(), policy_.memory().space());
+    require_shape(where, "out", out, x.shape());
+    Tensor<T, 3> normed(x.shape(), policy_.memory()), y(x.shape(), policy_.memory());
+    typename norm_type::saved_type norm_state;
+    typename ffn_type::saved_type ffn_state;
+    attn_norm_.forward(x, normed.view(), norm_state);
+    attend(normed.const_view(), y.view());
+    add_into(policy_, x, y.view());
+    ffn_norm_.forward(y.view(), normed.view(), norm_state);
+    ffn_.forward(normed.view(), out, ffn_state);
+    add_into(policy_, y.const_view(), out);
+  }
+
   Policy policy_;
   config_type config_;
   norm_type attn_norm_;

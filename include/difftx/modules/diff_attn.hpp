@@ -11,8 +11,12 @@
 
 #include "difftx/core/checks.hpp"
 #include "difftx/core/head_dim.hpp"
+#include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/parameter.hpp"
+#include "difftx/modules/sequences.hpp"
 #include "difftx/ops/attention.hpp"
+#include "difftx/ops/attention_decode.hpp"
+#include "difftx/ops/elementwise.hpp"
 #include "difftx/ops/diff_lambda.hpp"
 #include "difftx/policy/reference.hpp"
 
@@ -52,6 +56,7 @@ class DiffAttn {
     Tensor<accum_t<T>, 1> lambda;      // [1]
     Tensor<accum_t<T>, 4> lse;         // [B, h, 2, N] log-sum-exp of each row of both maps
     Tensor<T, 4> o2;                   // [B, N, h, 2D] softmax(Q2 K2^T / sqrt(D)) V
+    std::vector<index_t> sequences;    // cu_seqlens of a packed batch (B = 1), empty for a dense one
 
     template <class F>
     void for_each_intermediate(const std::string& prefix, F&& f) const {
@@ -89,16 +94,21 @@ class DiffAttn {
   shape_t<4> output_shape(index_t B, index_t N) const noexcept { return {B, N, heads_, 2 * head_dim_}; }
 
   // q [B, N, h, 2, D], k [B, N, g, 2, D], v [B, N, g, 2D] -> o [B, N, h, 2D]
-  void forward(cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, TensorView<T, 4> o, saved_type& saved) const {
+  // (B = 1 and N = total for a packed batch; each sequence attends within itself)
+  void forward(cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, TensorView<T, 4> o, saved_type& saved,
+               sequence_offsets sequences = {}) const {
     constexpr std::string_view where = "DiffAttn::forward";
-    const auto [B, N] = check_inputs(where, q, k, v);
+    const auto [B, N] = check_inputs(where, q, k, v, sequences);
     require_shape(where, "o", o, output_shape(B, N));
     saved.lambda.resize({1}, policy_.memory());
     saved.lse.resize({B, heads_, 2, N}, policy_.memory());
     saved.o2.resize(output_shape(B, N), policy_.memory());
-    diff_lambda_forward(policy_, lambda_q1_.value.view(), lambda_k1_.value.view(), lambda_q2_.value.view(),
-                        lambda_k2_.value.view(), lambda_init(), saved.lambda.view());
-    attention_forward<2>(policy_, q, k, v, saved.lambda.const_view(), causal_, o, saved.o2.view(), saved.lse.view());
+    forward_lambda(saved.lambda.view());
+    detail::for_each_sequence(sequences, [&](const auto& seq) {
+      attention_forward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
+                           seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()));
+    });
+    saved.sequences.assign(sequences.begin(), sequences.end());
     saved.input_shape = {B, N, heads_};
   }
 
@@ -107,19 +117,42 @@ class DiffAttn {
   void backward(cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, cview<T, 4> o, cview<T, 4> d_o,
                 const saved_type& saved, TensorView<T, 5> dq, TensorView<T, 5> dk, TensorView<T, 4> dv) {
     constexpr std::string_view where = "DiffAttn::backward";
-    const auto [B, N] = check_inputs(where, q, k, v);
+    const auto [B, N] = check_inputs(where, q, k, v, saved.sequences);
     require_saved(where, saved.input_shape, {B, N, heads_});
     require_shape(where, "o", o, output_shape(B, N));
     require_shape(where, "do", d_o, output_shape(B, N));
     require_shape(where, "dq", dq, q.shape());
     require_shape(where, "dk", dk, k.shape());
     require_shape(where, "dv", dv, v.shape());
-    Tensor<accum_t<T>, 1> dlambda({1}, policy_.memory());
-    attention_backward<2>(policy_, q, k, v, saved.lambda.const_view(), causal_, o, saved.o2.const_view(),
-                          saved.lse.const_view(), d_o, dq, dk, dv, dlambda.view());
+    Tensor<accum_t<T>, 1> dlambda({1}, policy_.memory()), dlambda_sequence({1}, policy_.memory());
+    detail::for_each_sequence(saved.sequences, [&](const auto& seq) {
+      attention_backward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
+                            seq.rows(o), seq.rows(saved.o2.const_view()), seq.lse(saved.lse.const_view()),
+                            seq.rows(d_o), seq.rows(dq), seq.rows(dk), seq.rows(dv), dlambda_sequence.view());
+      add_into(policy_, dlambda_sequence.const_view(), dlambda.view());
+    });
     diff_lambda_backward(policy_, lambda_q1_.value.const_view(), lambda_k1_.value.const_view(), lambda_q2_.value.const_view(),
                          lambda_k2_.value.const_view(), dlambda.const_view(), lambda_q1_.grad.view(),
                          lambda_k1_.grad.view(), lambda_q2_.grad.view(), lambda_k2_.grad.view());
+  }
+
+  // Decoding: q [B, T, h, 2, D], the new tokens' queries, over the keys and
+  // values of `cache` (the new tokens' included) -> o [B, T, h, 2D]. Nothing saved.
+  void decode(cview<T, 5> q, const KVCache<T>& cache, TensorView<T, 4> o) const {
+    constexpr std::string_view where = "DiffAttn::decode";
+    require_nonempty(where, "q", q);
+    const index_t B = q.extent(0), new_tokens = q.extent(1);
+    require_shape(where, "q", q, q_shape(B, new_tokens));
+    require_shape(where, "o", o, output_shape(B, new_tokens));
+    cache.require_layout(where, cache_shape(B, cache.capacity()), B, policy_.memory().space());
+    require(causal_, where, "config.causal", "a causal module (decoding appends to the past)", "non-causal");
+    Tensor<accum_t<T>, 1> lambda({1}, policy_.memory());
+    forward_lambda(lambda.view());
+    attention_decode<2>(policy_, q, cache.keys(), cache.values(), cache.lengths(), lambda.const_view(), o);
+  }
+  // What a cache of this operator holds: both key halves, values of 2D.
+  KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept {
+    return {batch, capacity, kv_heads_, 2, head_dim_, 2 * head_dim_};
   }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
@@ -137,9 +170,14 @@ class DiffAttn {
     require(l >= 0, "DiffAttn", "config.layer_index", "a layer index >= 0", std::to_string(l));
     return l;
   }
+  void forward_lambda(TensorView<accum_t<T>, 1> lambda) const {
+    diff_lambda_forward(policy_, lambda_q1_.value.view(), lambda_k1_.value.view(), lambda_q2_.value.view(),
+                        lambda_k2_.value.view(), lambda_init(), lambda);
+  }
   std::pair<index_t, index_t> check_inputs(std::string_view where, const cview<T, 5>& q, const cview<T, 5>& k,
-                                           const cview<T, 4>& v) const {
+                                           const cview<T, 4>& v, sequence_offsets sequences) const {
     require_nonempty(where, "q", q);
+    if (!sequences.empty()) detail::check_sequence_offsets(where, "q", q, sequences);
     const index_t B = q.extent(0), N = q.extent(1);
     require_shape(where, "q", q, q_shape(B, N));
     require_shape(where, "k", k, k_shape(B, N));

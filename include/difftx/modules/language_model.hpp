@@ -18,6 +18,7 @@
 #include "difftx/modules/linear.hpp"
 #include "difftx/modules/parameter.hpp"
 #include "difftx/modules/rmsnorm.hpp"
+#include "difftx/modules/sequences.hpp"
 #include "difftx/modules/stack.hpp"
 
 namespace difftx {
@@ -72,19 +73,42 @@ class LanguageModel {
     return i + 1 == layers_.size() ? s.hidden : s.stack.inputs[i];
   }
 
-  // tokens [B, N] -> logits [B, N, V]
-  void forward(cview<token_t, 2> tokens, TensorView<T, 3> logits, saved_type& s) const {
+  // tokens [B, N] -> logits [B, N, V]; or a packed batch tokens [1, total]
+  // with its cu_seqlens (modules/sequences.hpp), each sequence on its own.
+  void forward(cview<token_t, 2> tokens, TensorView<T, 3> logits, saved_type& s, sequence_offsets sequences = {}) const {
     constexpr std::string_view where = "LanguageModel::forward";
     require_nonempty(where, "tokens", tokens);
     require_shape(where, "logits", logits, output_shape(tokens.shape()));
+    if (!sequences.empty()) detail::check_sequence_offsets(where, "tokens", tokens, sequences);
     const shape_t<3> shape = embed_.output_shape(tokens.shape());
     auto& memory = layers_.policy().memory();
     for (auto* t : {&s.x, &s.hidden, &s.normed}) t->resize(shape, memory);
     embed_.forward(tokens, s.x.view(), s.embed);
-    layers_.forward(s.x.view(), s.hidden.view(), s.stack);
+    layers_.forward(s.x.view(), s.hidden.view(), s.stack, sequences);
     norm_.forward(s.hidden.view(), s.normed.view(), s.norm);
     head_.forward(s.normed.view(), logits, s.head);
     s.input_shape = tokens.shape();
+  }
+
+  // Inference, keeping no state: one layer's scratch at a time.
+  void forward(cview<token_t, 2> tokens, TensorView<T, 3> logits, sequence_offsets sequences = {}) const {
+    infer("LanguageModel::forward", tokens, logits, sequences,
+          [&](cview<T, 3> x, TensorView<T, 3> hidden) { layers_.forward(x, hidden, sequences); });
+  }
+  // With KV caches, one per layer (modules/kv_cache.hpp).
+  using cache_type = typename Stack<Layer>::cache_type;
+  cache_type make_cache(index_t batch, index_t capacity) const { return layers_.make_cache(batch, capacity); }
+  // Prompts tokens [B, N] (or packed [1, total] with cu_seqlens) -> logits
+  // [B, N, V]; the caches restart with them.
+  void prefill(cview<token_t, 2> tokens, cache_type& cache, TensorView<T, 3> logits,
+               sequence_offsets sequences = {}) const {
+    infer("LanguageModel::prefill", tokens, logits, sequences,
+          [&](cview<T, 3> x, TensorView<T, 3> hidden) { layers_.prefill(x, cache, hidden, sequences); });
+  }
+  // New tokens [B, T] -> logits [B, T, V]; they join the caches.
+  void decode(cview<token_t, 2> tokens, cache_type& cache, TensorView<T, 3> logits) const {
+    infer("LanguageModel::decode", tokens, logits, {},
+          [&](cview<T, 3> x, TensorView<T, 3> hidden) { layers_.decode(x, cache, hidden); });
   }
 
   // dlogits [B, N, V] -> every parameter gradient accumulates (no input gradient: tokens are discrete)
@@ -120,6 +144,27 @@ class LanguageModel {
   const Policy& policy() const noexcept { return layers_.policy(); }
 
  private:
+  // embedding -> layers(x, hidden) -> norm -> head, with this call's scratch only.
+  template <class Layers>
+  void infer(std::string_view where, cview<token_t, 2> tokens, TensorView<T, 3> logits, sequence_offsets sequences,
+             Layers&& layers) const {
+    require_nonempty(where, "tokens", tokens);
+    require_shape(where, "logits", logits, output_shape(tokens.shape()));
+    if (!sequences.empty()) detail::check_sequence_offsets(where, "tokens", tokens, sequences);
+    const shape_t<3> shape = embed_.output_shape(tokens.shape());
+    auto& memory = layers_.policy().memory();
+    Tensor<T, 3> x(shape, memory), hidden(shape, memory);
+    {
+      typename Embedding<T, Policy>::saved_type embed_state;
+      embed_.forward(tokens, x.view(), embed_state);
+    }
+    layers(x.const_view(), hidden.view());
+    typename RMSNorm<T, Policy>::saved_type norm_state;
+    typename Linear<T, Policy>::saved_type head_state;
+    norm_.forward(hidden.view(), x.view(), norm_state);
+    head_.forward(x.view(), logits, head_state);
+  }
+
   static const Policy& first_policy(const std::vector<Layer>& layers) {
     require(!layers.empty(), "LanguageModel", "layers", "at least one layer", "none");
     return layers.front().policy();

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "difftx/modules/diff_attn.hpp"
+#include "difftx/modules/kv_cache.hpp"
+#include "difftx/modules/sequences.hpp"
 #include "difftx/modules/linear.hpp"
 #include "difftx/modules/rmsnorm.hpp"
 #include "difftx/ops/rope.hpp"
@@ -81,27 +83,24 @@ class MultiHead {
   double lambda_init() const noexcept { return attn_.lambda_init(); }
   shape_t<3> output_shape(const shape_t<3>& input) const noexcept { return input; }
 
-  // x [B, N, C] -> y [B, N, C]
-  void forward(cview<T, 3> x, TensorView<T, 3> y, saved_type& s) const {
+  // x [B, N, C] -> y [B, N, C]; or a packed batch x [1, total, C] with its
+  // cu_seqlens (modules/sequences.hpp), each sequence attending within itself.
+  void forward(cview<T, 3> x, TensorView<T, 3> y, saved_type& s, sequence_offsets sequences = {}) const {
     constexpr std::string_view where = "MultiHead::forward";
-    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
-    require_shape(where, "y", y, x.shape());
-    const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads, D = config_.head_dim;
-    s.q.resize(attn_.q_shape(B, N), policy_.memory());
-    s.k.resize(attn_.k_shape(B, N), policy_.memory());
-    s.v.resize(attn_.v_shape(B, N), policy_.memory());
-    s.o.resize(attn_.output_shape(B, N), policy_.memory());
-    s.normed.resize({B, N, 2 * h * D}, policy_.memory());
-
-    q_proj_.forward(x, s.q.view().template reshape<3>({B, N, 2 * h * D}), s.q_proj);
-    k_proj_.forward(x, s.k.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj);
-    v_proj_.forward(x, s.v.view().template reshape<3>({B, N, 2 * g * D}), s.v_proj);
-    rope_forward(policy_, s.q.view().template reshape<4>({B, N, 2 * h, D}), 0, config_.rope_theta);
-    rope_forward(policy_, s.k.view().template reshape<4>({B, N, 2 * g, D}), 0, config_.rope_theta);
-    attn_.forward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), s.attn);
-    subln_.forward(per_head(s.o.view()), s.normed.view().template reshape<3>({B, N * h, 2 * D}), s.subln);
-    out_proj_.forward(s.normed.view(), y, s.out_proj);
+    check_input(where, x, y, sequences);
+    project(x, s);
+    detail::for_each_sequence(sequences, [&](const auto& seq) {
+      rope_forward(policy_, seq.rows(detail::rope_vectors(s.q)), 0, config_.rope_theta);
+      rope_forward(policy_, seq.rows(detail::rope_vectors(s.k)), 0, config_.rope_theta);
+    });
+    attn_.forward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), s.attn, sequences);
+    output(s, y);
     s.input_shape = x.shape();
+  }
+  // The same output, keeping no state (inference): only this call's scratch.
+  void forward(cview<T, 3> x, TensorView<T, 3> y, sequence_offsets sequences = {}) const {
+    saved_type scratch;
+    forward(x, y, scratch, sequences);
   }
 
   // dy [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates
@@ -123,11 +122,47 @@ class MultiHead {
                     per_head(d_o.view()));
     attn_.backward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), d_o.view(), s.attn, dq.view(), dk.view(),
                    dv.view());
-    rope_backward(policy_, dq.view().template reshape<4>({B, N, 2 * h, D}), 0, config_.rope_theta);
-    rope_backward(policy_, dk.view().template reshape<4>({B, N, 2 * g, D}), 0, config_.rope_theta);
+    detail::for_each_sequence(s.attn.sequences, [&](const auto& seq) {
+      rope_backward(policy_, seq.rows(detail::rope_vectors(dq)), 0, config_.rope_theta);
+      rope_backward(policy_, seq.rows(detail::rope_vectors(dk)), 0, config_.rope_theta);
+    });
     q_proj_.backward(x, dq.view().template reshape<3>({B, N, 2 * h * D}), s.q_proj, dx);
     k_proj_.backward(x, dk.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj, dx, write_mode::add);
     v_proj_.backward(x, dv.view().template reshape<3>({B, N, 2 * g * D}), s.v_proj, dx, write_mode::add);
+  }
+
+  // Inference with a KV cache (modules/kv_cache.hpp). A cache for `batch`
+  // sequences of up to `capacity` tokens, in the policy's memory:
+  using cache_type = KVCache<T>;
+  cache_type make_cache(index_t batch, index_t capacity) const {
+    return cache_type(attn_.cache_shape(batch, capacity), policy_.memory());
+  }
+  KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept { return attn_.cache_shape(batch, capacity); }
+  // Prompts x [B, N, C] (or packed [1, total, C] with cu_seqlens, one cache
+  // sequence each) -> y like x; the cache restarts holding their keys and values.
+  void prefill(cview<T, 3> x, cache_type& cache, TensorView<T, 3> y, sequence_offsets sequences = {}) const {
+    constexpr std::string_view where = "MultiHead::prefill";
+    check_input(where, x, y, sequences);
+    detail::check_prefill(where, cache, attn_.cache_shape(0, 0), x, sequences, policy_.memory().space());
+    saved_type s;
+    forward(x, y, s, sequences);
+    cache.reset();
+    detail::append_prompts(cache, s.k.const_view(), s.v.const_view(), sequences);
+  }
+  // T new tokens per sequence x [B, T, C] -> y [B, T, C], each at its position
+  // (the sequence's cache length); their keys and values join the cache.
+  void decode(cview<T, 3> x, cache_type& cache, TensorView<T, 3> y) const {
+    constexpr std::string_view where = "MultiHead::decode";
+    check_input(where, x, y, {});
+    cache.require_layout(where, attn_.cache_shape(x.extent(0), cache.capacity()), x.extent(0), policy_.memory().space());
+    cache.require_decodable(where, x.extent(1));
+    saved_type s;
+    project(x, s);
+    detail::rope_from_positions(policy_, detail::rope_vectors(s.q), cache.lengths(), config_.rope_theta);
+    detail::rope_from_positions(policy_, detail::rope_vectors(s.k), cache.lengths(), config_.rope_theta);
+    cache.append(s.k.view(), s.v.view());
+    attn_.decode(s.q.view(), cache, s.o.view());
+    output(s, y);
   }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
@@ -158,6 +193,30 @@ class MultiHead {
     require(c.layer_index >= 0, "MultiHead", "config.layer_index", "a layer index >= 0", std::to_string(c.layer_index));
     require(c.rope_theta > 0, "MultiHead", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
     return c;
+  }
+  void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
+                   sequence_offsets sequences) const {
+    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
+    require_shape(where, "y", y, x.shape());
+    if (!sequences.empty()) detail::check_sequence_offsets(where, "x", x, sequences);
+  }
+  // x [B, N, C] -> s.q, s.k, s.v (not yet rotated)
+  void project(cview<T, 3> x, saved_type& s) const {
+    const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads, D = config_.head_dim;
+    s.q.resize(attn_.q_shape(B, N), policy_.memory());
+    s.k.resize(attn_.k_shape(B, N), policy_.memory());
+    s.v.resize(attn_.v_shape(B, N), policy_.memory());
+    s.o.resize(attn_.output_shape(B, N), policy_.memory());
+    q_proj_.forward(x, s.q.view().template reshape<3>({B, N, 2 * h * D}), s.q_proj);
+    k_proj_.forward(x, s.k.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj);
+    v_proj_.forward(x, s.v.view().template reshape<3>({B, N, 2 * g * D}), s.v_proj);
+  }
+  // s.o [B, N, h, 2D] -> subln -> out_proj -> y [B, N, C]
+  void output(saved_type& s, TensorView<T, 3> y) const {
+    const index_t B = s.o.extent(0), N = s.o.extent(1), h = config_.heads, D = config_.head_dim;
+    s.normed.resize({B, N, 2 * h * D}, policy_.memory());
+    subln_.forward(per_head(s.o.view()), s.normed.view().template reshape<3>({B, N * h, 2 * D}), s.subln);
+    out_proj_.forward(s.normed.view(), y, s.out_proj);
   }
   // [B, N, h, 2D] seen as [B, N·h, 2D]: the subln normalises each head's vector.
   template <class V>

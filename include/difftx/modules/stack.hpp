@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "difftx/core/checks.hpp"
+#include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/parameter.hpp"
+#include "difftx/modules/sequences.hpp"
 
 namespace difftx {
 
@@ -41,8 +43,8 @@ class Stack {
   const Module& operator[](std::size_t i) const noexcept { return layers_[i]; }
   shape_t<3> output_shape(const shape_t<3>& input) const { return layers_.back().output_shape(input); }
 
-  // x [B, N, C] -> out [B, N, C]
-  void forward(cview<T, 3> x, TensorView<T, 3> out, saved_type& s) const {
+  // x [B, N, C] -> out [B, N, C]; or a packed batch [1, total, C] with its cu_seqlens.
+  void forward(cview<T, 3> x, TensorView<T, 3> out, saved_type& s, sequence_offsets sequences = {}) const {
     require_shape("Stack::forward", "out", out, output_shape(x.shape()));
     s.layers.resize(layers_.size());
     s.inputs.resize(layers_.size() - 1);
@@ -50,9 +52,46 @@ class Stack {
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const bool last = i + 1 == layers_.size();
       if (!last) s.inputs[i].resize(layers_[i].output_shape(x.shape()), memory);
-      layers_[i].forward(i == 0 ? x : s.inputs[i - 1].const_view(), last ? out : s.inputs[i].view(), s.layers[i]);
+      layers_[i].forward(i == 0 ? x : s.inputs[i - 1].const_view(), last ? out : s.inputs[i].view(), s.layers[i],
+                         sequences);
     }
     s.input_shape = x.shape();
+  }
+
+  // Inference, keeping no state: one layer's scratch at a time.
+  void forward(cview<T, 3> x, TensorView<T, 3> out, sequence_offsets sequences = {}) const {
+    chain("Stack::forward", x, out, [&](std::size_t i, cview<T, 3> in, TensorView<T, 3> y) {
+      layers_[i].forward(in, y, sequences);
+    });
+  }
+  // With KV caches, one per layer (modules/kv_cache.hpp).
+  using cache_type = std::vector<typename Module::cache_type>;
+  cache_type make_cache(index_t batch, index_t capacity) const {
+    cache_type caches;
+    for (const auto& layer : layers_) caches.push_back(layer.make_cache(batch, capacity));
+    return caches;
+  }
+  // Prompts x [B, N, C] (or packed with cu_seqlens) -> out; every layer's cache restarts with them.
+  void prefill(cview<T, 3> x, cache_type& cache, TensorView<T, 3> out, sequence_offsets sequences = {}) const {
+    constexpr std::string_view where = "Stack::prefill";
+    require_caches(where, cache);
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      detail::check_prefill(where, cache[i], layers_[i].cache_shape(0, 0), x, sequences, policy().memory().space());
+    chain("Stack::prefill", x, out, [&](std::size_t i, cview<T, 3> in, TensorView<T, 3> y) {
+      layers_[i].prefill(in, cache[i], y, sequences);
+    });
+  }
+  // New tokens x [B, T, C] -> out [B, T, C]; they join every layer's cache.
+  void decode(cview<T, 3> x, cache_type& cache, TensorView<T, 3> out) const {
+    constexpr std::string_view where = "Stack::decode";
+    require_caches(where, cache);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      cache[i].require_layout(where, layers_[i].cache_shape(x.extent(0), 0), x.extent(0), policy().memory().space());
+      cache[i].require_decodable(where, x.extent(1));
+    }
+    chain("Stack::decode", x, out, [&](std::size_t i, cview<T, 3> in, TensorView<T, 3> y) {
+      layers_[i].decode(in, cache[i], y);
+    });
   }
 
   // dout [B, N, C] -> dx [B, N, C] (assign); every layer's gradients accumulate
@@ -83,6 +122,24 @@ class Stack {
   const policy_type& policy() const noexcept { return layers_.front().policy(); }
 
  private:
+  // x -> step(0) -> ... -> step(L - 1) -> out, through two scratch buffers.
+  template <class Step>
+  void chain(std::string_view where, cview<T, 3> x, TensorView<T, 3> out, Step&& step) const {
+    require_shape(where, "out", out, output_shape(x.shape()));
+    auto& memory = layers_.front().policy().memory();
+    Tensor<T, 3> a, b;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const bool last = i + 1 == layers_.size();
+      if (!last) b.resize(layers_[i].output_shape(x.shape()), memory);
+      step(i, i == 0 ? x : a.const_view(), last ? out : b.view());
+      a.swap(b);
+    }
+  }
+  void require_caches(std::string_view where, const cache_type& cache) const {
+    require(cache.size() == layers_.size(), where, "cache", "one cache per layer (" + std::to_string(layers_.size()) + ")",
+            std::to_string(cache.size()) + " caches");
+  }
+
   std::vector<Module> layers_;
 };
 

@@ -7,6 +7,7 @@
 #include "difftx/policy/reference/tag.hpp"
 
 #include "difftx/policy/reference/attention.hpp"
+#include "difftx/policy/reference/attention_decode.hpp"
 #include "difftx/policy/reference/cross_entropy.hpp"
 #include "difftx/policy/reference/diff_lambda.hpp"
 #include "difftx/policy/reference/elementwise.hpp"

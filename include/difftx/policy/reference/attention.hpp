@@ -25,6 +25,36 @@ void attention_row_probabilities(cview<T, 5> q, cview<T, 5> k, index_t b, index_
     p[static_cast<std::size_t>(t)] = scalar_traits<T>::exp(s * scale - lse);
   }
 }
+
+// Row i of map m of head h (group j) over the keys t < kv_end of k[b], v[b]:
+// o_row[0, dv) = softmax(S_m) V; returns the row's log-sum-exp. s: scratch.
+template <Scalar T>
+accum_t<T> attention_row_output(cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, index_t b, index_t i, index_t h,
+                                index_t j, index_t m, index_t kv_end, const accum_t<T>& scale,
+                                std::vector<accum_t<T>>& s, accum_t<T>* o_row) {
+  using A = accum_t<T>;
+  const index_t d = q.extent(4), dv = v.extent(3);
+  s.resize(static_cast<std::size_t>(kv_end));
+  // Scores and their maximum, then the log-sum-exp of the row.
+  A row_max(0.0);
+  for (index_t t = 0; t < kv_end; ++t) {
+    A dot(0.0);
+    for (index_t c = 0; c < d; ++c) dot = dot + load(q(b, i, h, m, c)) * load(k(b, t, j, m, c));
+    s[static_cast<std::size_t>(t)] = dot * scale;
+    if (t == 0 || row_max < s[static_cast<std::size_t>(t)]) row_max = s[static_cast<std::size_t>(t)];
+  }
+  A sum(0.0);
+  for (index_t t = 0; t < kv_end; ++t) sum = sum + scalar_traits<T>::exp(s[static_cast<std::size_t>(t)] - row_max);
+  const A row_lse = row_max + scalar_traits<T>::log(sum);
+  // O_m = A_m V for this row.
+  for (index_t c = 0; c < dv; ++c) {
+    A acc(0.0);
+    for (index_t t = 0; t < kv_end; ++t)
+      acc = acc + scalar_traits<T>::exp(s[static_cast<std::size_t>(t)] - row_lse) * load(v(b, t, j, c));
+    o_row[c] = acc;
+  }
+  return row_lse;
+}
 }  // namespace detail
 
 // q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
@@ -39,34 +69,16 @@ void attention_forward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, c
   const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), d = q.extent(4);
   const index_t group_size = H / k.extent(2), dv = v.extent(3);
   const A scale = A(1.0) / scalar_traits<T>::sqrt(A(static_cast<double>(d)));
-  std::vector<A> s(static_cast<std::size_t>(N), A(0.0));
+  std::vector<A> s;
   std::vector<A> o_maps(static_cast<std::size_t>(Maps * dv), A(0.0));
   for (index_t b = 0; b < B; ++b)
     for (index_t h = 0; h < H; ++h) {
       const index_t j = h / group_size;
       for (index_t i = 0; i < N; ++i) {
         const index_t kv_end = causal ? i + 1 : N;
-        for (index_t m = 0; m < Maps; ++m) {
-          // Scores and their maximum, then the log-sum-exp of the row.
-          A row_max(0.0);
-          for (index_t t = 0; t < kv_end; ++t) {
-            A dot(0.0);
-            for (index_t c = 0; c < d; ++c) dot = dot + load(q(b, i, h, m, c)) * load(k(b, t, j, m, c));
-            s[static_cast<std::size_t>(t)] = dot * scale;
-            if (t == 0 || row_max < s[static_cast<std::size_t>(t)]) row_max = s[static_cast<std::size_t>(t)];
-          }
-          A sum(0.0);
-          for (index_t t = 0; t < kv_end; ++t) sum = sum + scalar_traits<T>::exp(s[static_cast<std::size_t>(t)] - row_max);
-          const A row_lse = row_max + scalar_traits<T>::log(sum);
-          lse(b, h, m, i) = row_lse;
-          // O_m = A_m V for this row.
-          for (index_t c = 0; c < dv; ++c) {
-            A acc(0.0);
-            for (index_t t = 0; t < kv_end; ++t)
-              acc = acc + scalar_traits<T>::exp(s[static_cast<std::size_t>(t)] - row_lse) * load(v(b, t, j, c));
-            o_maps[static_cast<std::size_t>(m * dv + c)] = acc;
-          }
-        }
+        for (index_t m = 0; m < Maps; ++m)
+          lse(b, h, m, i) = detail::attention_row_output<T>(q, k, v, b, i, h, j, m, kv_end, scale, s,
+                                                            o_maps.data() + m * dv);
         for (index_t c = 0; c < dv; ++c) {
           if constexpr (Maps == 2) {
             const A o_second = o_maps[static_cast<std::size_t>(dv + c)];

@@ -1,0 +1,176 @@
+// KVCache<T>: the keys (after RoPE) and values one attention layer has seen,
+// for a batch of sequences, so that decoding a new token attends to them
+// without recomputing them:
+//   keys   [B, S, G, Maps, d]   S the capacity in tokens, G key/value groups
+//   values [B, S, G, dv]        (grouped heads stored once per group)
+//   lengths[b]                  the tokens sequence b holds (host memory)
+// A differential layer (MultiHead) stores both maps' key halves (Maps = 2) and
+// values of 2d; the baseline Attention one map and values of d. Bytes per
+// token and layer: G · (Maps · d + dv) · sizeof(T), the same for both at the
+// paper's matched sizes. Rows past a sequence's length are never read.
+//
+// Modules make their cache (make_cache(batch, capacity)); prefill() restarts it
+// with a prompt and decode() appends. Every change is checked before anything
+// is written: an append past the capacity throws and changes nothing.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "difftx/core/checks.hpp"
+#include "difftx/core/tensor.hpp"
+#include "difftx/modules/sequences.hpp"
+
+namespace difftx {
+
+struct KVCacheShape {
+  index_t batch = 1;     // B sequences
+  index_t capacity = 0;  // S tokens per sequence
+  index_t kv_heads = 1;  // G
+  index_t maps = 1;      // 1 (standard) or 2 (differential)
+  index_t head_dim = 0;  // d, per map
+  index_t value_dim = 0; // dv
+};
+
+template <Scalar T>
+class KVCache {
+ public:
+  KVCache() = default;
+  KVCache(const KVCacheShape& shape, memory_resource& memory)
+      : shape_(checked(shape)),
+        keys_({shape.batch, shape.capacity, shape.kv_heads, shape.maps, shape.head_dim}, memory),
+        values_({shape.batch, shape.capacity, shape.kv_heads, shape.value_dim}, memory),
+        lengths_(static_cast<std::size_t>(shape.batch), 0) {}
+
+  const KVCacheShape& shape() const noexcept { return shape_; }
+  index_t batch() const noexcept { return shape_.batch; }
+  index_t capacity() const noexcept { return shape_.capacity; }
+  index_t length(index_t b) const { return lengths_.at(static_cast<std::size_t>(b)); }
+  std::span<const index_t> lengths() const noexcept { return lengths_; }
+  // Per token of one sequence, keys and values together.
+  std::size_t bytes_per_token() const noexcept {
+    return static_cast<std::size_t>(shape_.kv_heads * (shape_.maps * shape_.head_dim + shape_.value_dim)) * sizeof(T);
+  }
+  cview<T, 5> keys() const noexcept { return keys_.view(); }
+  cview<T, 4> values() const noexcept { return values_.view(); }
+  memory_space space() const noexcept { return keys_.space(); }
+
+  // Every sequence empty again (nothing is cleared: rows past a length are never read).
+  void reset() noexcept { std::fill(lengths_.begin(), lengths_.end(), index_t{0}); }
+
+  // Appends T tokens to every sequence: k [B, T, G, Maps, d], v [B, T, G, dv].
+  void append(cview<T, 5> k, cview<T, 4> v) {
+    constexpr std::string_view where = "KVCache::append";
+    const index_t tokens = check_rows(where, k, v, shape_.batch);
+    for (index_t b = 0; b < shape_.batch; ++b) require_room(where, b, tokens);
+    for (index_t b = 0; b < shape_.batch; ++b) write(b, k[b], v[b], tokens);
+  }
+  // Appends T tokens to sequence b only: k [1, T, G, Maps, d], v [1, T, G, dv].
+  void append(index_t b, cview<T, 5> k, cview<T, 4> v) {
+    constexpr std::string_view where = "KVCache::append";
+    require(b >= 0 && b < shape_.batch, where, "b", "a sequence in [0, " + std::to_string(shape_.batch) + ")",
+            std::to_string(b));
+    const index_t tokens = check_rows(where, k, v, 1);
+    require_room(where, b, tokens);
+    write(b, k[0], v[0], tokens);
+  }
+
+  // For decode(): every sequence started (by a prefill) and room for T more tokens.
+  void require_decodable(std::string_view where, index_t tokens) const {
+    for (index_t b = 0; b < shape_.batch; ++b)
+      require(lengths_[static_cast<std::size_t>(b)] > 0, where, "cache",
+              "a cache a prefill has started (decode continues a prompt)",
+              "sequence " + std::to_string(b) + " empty");
+    for (index_t b = 0; b < shape_.batch; ++b) require_room(where, b, tokens);
+  }
+  // For a module using this cache: the layout it expects and inputs for `batch` sequences.
+  void require_layout(std::string_view where, const KVCacheShape& expected, index_t batch, memory_space space) const {
+    const auto& s = shape_;
+    require(s.kv_heads == expected.kv_heads && s.maps == expected.maps && s.head_dim == expected.head_dim &&
+                s.value_dim == expected.value_dim,
+            where, "cache",
+            "a cache made by this module (G = " + std::to_string(expected.kv_heads) + ", maps = " +
+                std::to_string(expected.maps) + ", d = " + std::to_string(expected.head_dim) + ", dv = " +
+                std::to_string(expected.value_dim) + ")",
+            "G = " + std::to_string(s.kv_heads) + ", maps = " + std::to_string(s.maps) + ", d = " +
+                std::to_string(s.head_dim) + ", dv = " + std::to_string(s.value_dim));
+    require(s.batch == batch, where, "cache", "a cache of " + std::to_string(batch) + " sequences (the input's)",
+            std::to_string(s.batch) + " sequences");
+    require(keys_.space() == space, where, "cache", std::string(to_string(space)) + " memory",
+            std::string(to_string(keys_.space())) + " memory");
+  }
+  void require_room(std::string_view where, index_t b, index_t tokens) const {
+    const index_t length = lengths_[static_cast<std::size_t>(b)];
+    require(length + tokens <= shape_.capacity, where, "cache",
+            "room for " + std::to_string(tokens) + " more tokens (capacity " + std::to_string(shape_.capacity) + ")",
+            "sequence " + std::to_string(b) + " holding " + std::to_string(length));
+  }
+
+ private:
+  static KVCacheShape checked(const KVCacheShape& s) {
+    for (const auto& [name, value] : {std::pair{"shape.batch", s.batch}, std::pair{"shape.capacity", s.capacity},
+                                      std::pair{"shape.kv_heads", s.kv_heads}, std::pair{"shape.head_dim", s.head_dim},
+                                      std::pair{"shape.value_dim", s.value_dim}})
+      require(value > 0, "KVCache", name, "a positive size", std::to_string(value));
+    require(s.maps == 1 || s.maps == 2, "KVCache", "shape.maps", "1 or 2", std::to_string(s.maps));
+    return s;
+  }
+  index_t check_rows(std::string_view where, const cview<T, 5>& k, const cview<T, 4>& v, index_t batch) const {
+    require_nonempty(where, "k", k);
+    const index_t tokens = k.extent(1);
+    require_shape(where, "k", k, {batch, tokens, shape_.kv_heads, shape_.maps, shape_.head_dim});
+    require_shape(where, "v", v, {batch, tokens, shape_.kv_heads, shape_.value_dim});
+    require_space(where, "k", k, keys_.space());
+    require_space(where, "v", v, keys_.space());
+    return tokens;
+  }
+  // Sequence b's rows [length, length + T) <- k_rows [T, ...], v_rows [T, ...].
+  void write(index_t b, cview<T, 4> k_rows, cview<T, 3> v_rows, index_t tokens) {
+    auto& length = lengths_[static_cast<std::size_t>(b)];
+    auto& memory = keys_.memory();
+    memory.copy(keys_.view()[b][length].data(), k_rows.data(), static_cast<std::size_t>(k_rows.size()) * sizeof(T));
+    memory.copy(values_.view()[b][length].data(), v_rows.data(), static_cast<std::size_t>(v_rows.size()) * sizeof(T));
+    length += tokens;
+  }
+
+  KVCacheShape shape_{};
+  Tensor<T, 5> keys_;
+  Tensor<T, 4> values_;
+  std::vector<index_t> lengths_;
+};
+
+namespace detail {
+// A prefill's cache: this module's layout (layout.batch and .capacity unused),
+// one sequence per prompt of x [B, N, C] (or of a packed batch), room for each.
+template <class T, class X>
+void check_prefill(std::string_view where, const KVCache<T>& cache, const KVCacheShape& layout, const X& x,
+                   std::span<const index_t> sequences, memory_space space) {
+  const index_t prompts = sequences.empty() ? x.extent(0) : static_cast<index_t>(sequences.size()) - 1;
+  cache.require_layout(where, layout, prompts, space);
+  for (index_t b = 0; b < prompts; ++b) {
+    const auto s = static_cast<std::size_t>(b);
+    const index_t length = sequences.empty() ? x.extent(1) : sequences[s + 1] - sequences[s];
+    require(length <= cache.capacity(), where, "cache",
+            "a capacity of at least the prompt's " + std::to_string(length) + " tokens",
+            "capacity " + std::to_string(cache.capacity()) + " (sequence " + std::to_string(b) + ")");
+  }
+}
+
+// A prefill's keys k [B, N, G, Maps, d] and values into the cache: sequence b's
+// rows, or packed sequence b's rows [cu_seqlens[b], cu_seqlens[b + 1]).
+template <class T>
+void append_prompts(KVCache<T>& cache, cview<T, 5> k, cview<T, 4> v, std::span<const index_t> sequences) {
+  if (sequences.empty()) {
+    cache.append(k, v);
+    return;
+  }
+  for (std::size_t b = 0; b + 1 < sequences.size(); ++b) {
+    const packed_sequence seq{sequences[b], sequences[b + 1]};
+    cache.append(static_cast<index_t>(b), seq.rows(k), seq.rows(v));
+  }
+}
+}  // namespace detail
+
+}  // namespace difftx

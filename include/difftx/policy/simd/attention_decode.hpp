@@ -1,0 +1,168 @@
+// Attention of a few new tokens over a key/value cache on the CPU (formulas in
+// difftx/ops/attention_decode.hpp), split over keys as flash-decoding does.
+//
+// Decoding is bound by memory: each step reads the whole cache once and does
+// little arithmetic per byte, and there are too few query rows (T new tokens x
+// H / G heads per group) to spread over threads. So the work is split over
+// (sequence, group, block of cache_block keys): every block's keys and values
+// are read once for all the query rows of its group (scores S = Q K^T and
+// P V as small Eigen products on the cache in place), and each block leaves
+// per row and map its maximum, sum of exponentials and unnormalised P V. A
+// second pass combines the blocks of a row by log-sum-exp:
+//   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  O_m = sum_s acc_s e^(m_s - M) / L.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "difftx/ops/attention_decode.hpp"
+#include "difftx/policy/simd/common.hpp"
+#include "difftx/policy/simd/linear.hpp"
+
+namespace difftx {
+
+namespace simd_detail {
+
+constexpr index_t cache_block = 256;  // keys per work item: a few items per thread at 1k-token caches
+
+// What one key block leaves for each of its query rows and maps.
+template <class A>
+struct decode_partials {
+  index_t rows = 0, dv = 0;  // rows per item: T·r query rows, each with Maps maps
+  std::vector<A> max, sum;   // [items][Maps][rows]
+  std::vector<A> acc;        // [items][Maps][rows][dv]
+  A* max_at(index_t item, index_t m) { return max.data() + (item * 2 + m) * rows; }
+  A* sum_at(index_t item, index_t m) { return sum.data() + (item * 2 + m) * rows; }
+  A* acc_at(index_t item, index_t m) { return acc.data() + ((item * 2 + m) * rows) * dv; }
+};
+
+// rows x cols values, row t at first + t·stride, as A: in place when T is A
+// (the stride stays), else converted into scratch (the stride becomes cols).
+template <class T>
+const accum_t<T>* rows_as_accum(const T* first, index_t rows, index_t cols, index_t stride,
+                                std::vector<accum_t<T>>& scratch) {
+  if constexpr (std::is_same_v<T, accum_t<T>>) {
+    return first;
+  } else {
+    scratch.resize(static_cast<std::size_t>(rows * cols));
+    for (index_t t = 0; t < rows; ++t) to_accum(first + t * stride, cols, scratch.data() + t * cols);
+    return scratch.data();
+  }
+}
+
+}  // namespace simd_detail
+
+// q [B,T,H,Maps,d], k [B,S,G,Maps,d], v [B,S,G,dv], lengths [B] (host), lambda [1] (Maps = 2) -> o [B,T,H,dv]
+template <int Maps, class T>
+  requires supported_by<policy::simd, T>
+void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                      std::span<const index_t> lengths, cview<accum_t<T>, 1> lambda, TensorView<T, 4> o) {
+  using namespace simd_detail;
+  using A = accum_t<T>;
+  using strided_rows = Eigen::Map<const row_matrix<A>, 0, Eigen::OuterStride<>>;
+  detail::check_attention_decode<Maps>("attention_decode", memory_space::host, q, k, v, lengths, lambda, o);
+  const index_t B = q.extent(0), new_tokens = q.extent(1), H = q.extent(2), d = q.extent(4);
+  const index_t S = k.extent(1), G = k.extent(2), r = H / G, dv = v.extent(3);
+  const index_t rows = new_tokens * r;  // query rows of one group: (token i, head h = j·r + hh) -> i·r + hh
+  const A scale = A(1) / std::sqrt(static_cast<A>(d));
+  const A neg_inf = -std::numeric_limits<A>::infinity();
+
+  // Work items: (b, j, key block), blocks up to each sequence's length.
+  std::vector<index_t> first_item(static_cast<std::size_t>(B) + 1, 0);
+  for (index_t b = 0; b < B; ++b)
+    first_item[static_cast<std::size_t>(b) + 1] =
+        first_item[static_cast<std::size_t>(b)] + G * ((lengths[static_cast<std::size_t>(b)] + cache_block - 1) / cache_block);
+  const index_t items = first_item.back();
+  decode_partials<A> part{rows, dv, std::vector<A>(static_cast<std::size_t>(items * 2 * rows)),
+                          std::vector<A>(static_cast<std::size_t>(items * 2 * rows)),
+                          std::vector<A>(static_cast<std::size_t>(items * 2 * rows * dv))};
+
+#pragma omp parallel num_threads(thread_count(p))
+  {
+    single_threaded_eigen();
+    row_matrix<A> q_rows(rows, d), scores(rows, cache_block);
+    std::vector<A> k_scratch, v_scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (index_t item = 0; item < items; ++item) {
+      const index_t b = static_cast<index_t>(std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin()) - 1;
+      const index_t local = item - first_item[static_cast<std::size_t>(b)], blocks_b = (first_item[static_cast<std::size_t>(b) + 1] - first_item[static_cast<std::size_t>(b)]) / G;
+      const index_t j = local / blocks_b, t0 = (local % blocks_b) * cache_block;
+      const index_t length = lengths[static_cast<std::size_t>(b)], keys = std::min(cache_block, length - t0);
+      // V rows t0 .. t0 + keys of group j, as A (in place for float and double).
+      const T* v_first = v.data() + ((b * S + t0) * G + j) * dv;
+      const A* v_block = rows_as_accum<T>(v_first, keys, dv, G * dv, v_scratch);
+      const strided_rows values(v_block, keys, dv, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * dv : dv));
+      for (index_t m = 0; m < Maps; ++m) {
+        for (index_t i = 0; i < new_tokens; ++i)
+          for (index_t hh = 0; hh < r; ++hh) {
+            const T* row = q.data() + (((b * new_tokens + i) * H + j * r + hh) * Maps + m) * d;
+            for (index_t c = 0; c < d; ++c) q_rows(i * r + hh, c) = static_cast<A>(load(row[c])) * scale;
+          }
+        const T* k_first = k.data() + (((b * S + t0) * G + j) * Maps + m) * d;
+        const A* k_block = rows_as_accum<T>(k_first, keys, d, G * Maps * d, k_scratch);
+        const strided_rows key_rows(k_block, keys, d, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * Maps * d : d));
+        auto s = scores.leftCols(keys);
+        s.noalias() = q_rows * key_rows.transpose();
+        A* row_max_out = part.max_at(item, m);
+        A* row_sum_out = part.sum_at(item, m);
+        for (index_t row = 0; row < rows; ++row) {
+          // Token i sits at position length - T + i and sees keys t <= it.
+          const index_t visible = std::clamp<index_t>(length - new_tokens + row / r + 1 - t0, 0, keys);
+          A mx = neg_inf;
+          for (index_t t = 0; t < visible; ++t) mx = std::max(mx, s(row, t));
+          A total = 0;
+          for (index_t t = 0; t < keys; ++t) {
+            const A e = t < visible ? std::exp(s(row, t) - mx) : A(0);
+            s(row, t) = e;
+            total += e;
+          }
+          row_max_out[row] = mx;
+          row_sum_out[row] = total;
+        }
+        Eigen::Map<row_matrix<A>>(part.acc_at(item, m), rows, dv).noalias() = s * values;
+      }
+    }
+  }
+
+  // Combine the key blocks of every (b, token, head) by log-sum-exp.
+  const A lam = Maps == 2 ? lambda(0) : A(0);
+#pragma omp parallel num_threads(thread_count(p))
+  {
+    std::vector<A> out(static_cast<std::size_t>(Maps * dv));
+#pragma omp for schedule(static)
+    for (index_t bj = 0; bj < B * G; ++bj) {
+      const index_t b = bj / G, j = bj % G;
+      const index_t blocks_b = (first_item[static_cast<std::size_t>(b) + 1] - first_item[static_cast<std::size_t>(b)]) / G;
+      const index_t item0 = first_item[static_cast<std::size_t>(b)] + j * blocks_b;
+      for (index_t row = 0; row < rows; ++row) {
+        for (index_t m = 0; m < Maps; ++m) {
+          A mx = neg_inf;
+          for (index_t s = 0; s < blocks_b; ++s) mx = std::max(mx, part.max_at(item0 + s, m)[row]);
+          A total = 0;
+          A* o_m = out.data() + m * dv;
+          std::fill(o_m, o_m + dv, A(0));
+          for (index_t s = 0; s < blocks_b; ++s) {
+            const A m_s = part.max_at(item0 + s, m)[row];
+            if (m_s == neg_inf) continue;  // a block wholly after this token
+            const A w = std::exp(m_s - mx);
+            total += w * part.sum_at(item0 + s, m)[row];
+            const A* acc = part.acc_at(item0 + s, m) + row * dv;
+            for (index_t c = 0; c < dv; ++c) o_m[c] += w * acc[c];
+          }
+          for (index_t c = 0; c < dv; ++c) o_m[c] /= total;
+        }
+        if constexpr (Maps == 2)
+          for (index_t c = 0; c < dv; ++c) out[static_cast<std::size_t>(c)] -= lam * out[static_cast<std::size_t>(dv + c)];
+        const index_t i = row / r, h = j * r + row % r;
+        from_accum(out.data(), dv, o.data() + ((b * new_tokens + i) * H + h) * dv);
+      }
+    }
+  }
+}
+
+}  // namespace difftx
