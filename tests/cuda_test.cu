@@ -6,14 +6,17 @@
 // DecoderLayer in double throughout (the CUDA-core kernels at every head size).
 // Embedding and CrossEntropyLoss with token ids in device memory (repeated ids,
 // ignored targets, bad ids) and a LanguageModel trained one step's worth of
-// gradients, in float32 and float64. Without a GPU the suite exits 77, which
-// CTest reports as skipped.
+// gradients, in float32 and float64. attention_decode (split-K decoding over
+// a key/value cache whose rows past each length are NaN) against the
+// reference in float32, bfloat16 and float64. Without a GPU the suite exits
+// 77, which CTest reports as skipped.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -333,6 +336,57 @@ void check_language_model() {
   CHECK(backward <= 2 * testing::tolerance<T>::backward);
 }
 
+
+// attention_decode in T on the GPU against the reference in double on the same
+// inputs (rounded through T), heads H = 4 over G = 2 groups, S cached rows.
+// Cache rows at or past a sequence's length are NaN: reading any of them
+// would make an output NaN.
+template <class T, int Maps>
+void check_attention_decode(index_t new_tokens, index_t d, const std::vector<index_t>& lengths, index_t S) {
+  using A = accum_t<T>;
+  policy::cuda p;
+  const index_t B = static_cast<index_t>(lengths.size()), H = 4, G = 2, dv = Maps * d;
+  auto q = test_support::random_tensor<double, 5>({B, new_tokens, H, Maps, d}, 51);
+  auto k = test_support::random_tensor<double, 5>({B, S, G, Maps, d}, 52, 2.0);
+  auto v = test_support::random_tensor<double, 4>({B, S, G, dv}, 53);
+  auto round_through = [](double* data, index_t n) {
+    for (index_t i = 0; i < n; ++i) data[i] = through<T>(data[i]);
+  };
+  round_through(q.data(), q.size());
+  round_through(k.data(), k.size());
+  round_through(v.data(), v.size());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (index_t b = 0; b < B; ++b)
+    for (index_t t = lengths[static_cast<std::size_t>(b)]; t < S; ++t) {
+      std::fill_n(k.data() + (b * S + t) * G * Maps * d, G * Maps * d, nan);
+      std::fill_n(v.data() + (b * S + t) * G * dv, G * dv, nan);
+    }
+  Tensor<double, 1> lambda_ref({Maps == 2 ? 1 : 0});
+  Tensor<A, 1> lambda_gpu({Maps == 2 ? 1 : 0}, p.memory());
+  if constexpr (Maps == 2) {
+    const A lambda = static_cast<A>(0.3);
+    lambda_ref(0) = static_cast<double>(lambda);
+    p.memory().upload(lambda_gpu.data(), &lambda, sizeof lambda);
+  }
+
+  Tensor<double, 4> o_ref({B, new_tokens, H, dv});
+  attention_decode<Maps>(policy::reference{}, q.const_view(), k.const_view(), v.const_view(), lengths,
+                         lambda_ref.const_view(), o_ref.view());
+  const auto q_gpu = to_device<T>(q, p), k_gpu = to_device<T>(k, p);
+  const auto v_gpu = to_device<T>(v, p);
+  Tensor<T, 4> o_gpu({B, new_tokens, H, dv}, p.memory());
+  attention_decode<Maps>(p, q_gpu.const_view(), k_gpu.const_view(), v_gpu.const_view(), lengths,
+                         lambda_gpu.const_view(), o_gpu.view());
+  const auto o = to_host(o_gpu.data(), o_gpu.size(), p);
+
+  const double difference = testing::normwise_difference(o.data(), o_ref.data(), o_ref.size());
+  MESSAGE("attention_decode Maps=" << Maps << " d=" << d << " T=" << new_tokens << " B=" << B << " "
+                                   << scalar_traits<T>::name << ": " << difference / scalar_traits<T>::epsilon
+                                   << " u");
+  CHECK(std::all_of(o.begin(), o.end(), [](double x) { return std::isfinite(x); }));  // no NaN row was read
+  CHECK(difference <= testing::tolerance<T>::forward);
+}
+
 }  // namespace
 
 TEST_CASE("cuda: RMSNorm and SwiGLU") {
@@ -426,6 +480,62 @@ TEST_CASE("cuda: Embedding and CrossEntropyLoss with token ids on the device") {
 TEST_CASE("cuda: LanguageModel forward and backward") {
   check_language_model<float>();
   check_language_model<double>();
+}
+
+// Decoding over a key/value cache (the split-K kernel and the combine) against
+// the reference: one and two maps, head sizes 64, 128 (dv = 256 with two maps:
+// two value columns per thread) and 6, T = 1 and 3 new tokens, sequences of
+// different lengths (300 keys: several splits; 1 or 3: one split of one tile).
+// float64 is held to its own tolerance (double throughout).
+TEST_CASE("cuda: attention_decode against the reference") {
+  const index_t S = 320;
+  for (const index_t d : {64, 128, 6})
+    for (const index_t new_tokens : {1, 3}) {
+      const std::vector<index_t> lengths{new_tokens, 37, 300};
+      check_attention_decode<float, 1>(new_tokens, d, lengths, S);
+      check_attention_decode<float, 2>(new_tokens, d, lengths, S);
+      check_attention_decode<Eigen::bfloat16, 1>(new_tokens, d, lengths, S);
+      check_attention_decode<Eigen::bfloat16, 2>(new_tokens, d, lengths, S);
+      check_attention_decode<double, 1>(new_tokens, d, lengths, S);
+      check_attention_decode<double, 2>(new_tokens, d, lengths, S);
+    }
+  // T (H/G) = 18 query rows per group: two row blocks of at most 16. With
+  // splits of 128 keys (what an H100 gets here), 257 keys leave a last split
+  // of one key, which only the last new token sees: the other rows combine a
+  // split that has no key for them.
+  check_attention_decode<float, 2>(9, 6, {9, 257, 130}, S);
+  check_attention_decode<double, 2>(9, 6, {9, 257, 130}, S);
+  // 70 sequences: two launches (64 lengths per kernel parameter, then 6).
+  std::vector<index_t> many(70);
+  for (std::size_t b = 0; b < many.size(); ++b) many[b] = 2 + static_cast<index_t>(b * 7 % 62);
+  check_attention_decode<float, 2>(2, 6, many, 64);
+  check_attention_decode<double, 1>(2, 6, many, 64);
+
+  // Bad input: the reference's input_error, before anything is written.
+  policy::cuda p;
+  const index_t B = 3, T = 1, H = 4, G = 2, d = 6;
+  Tensor<float, 5> q({B, T, H, 2, d}, p.memory()), k({B, S, G, 2, d}, p.memory());
+  Tensor<float, 4> v({B, S, G, 2 * d}, p.memory()), o({B, T, H, 2 * d}, p.memory());
+  Tensor<float, 1> lambda({1}, p.memory());
+  const std::vector<index_t> too_long{1, 321, 37};
+  test_support::expect_input_error(
+      [&] {
+        attention_decode<2>(p, q.const_view(), k.const_view(), v.const_view(), too_long, lambda.const_view(),
+                            o.view());
+      },
+      "attention_decode", "lengths", "lengths in [T, S] = [1, 320]", "321 for sequence 1");
+  const auto untouched = to_host(o.data(), o.size(), p);
+  CHECK(std::all_of(untouched.begin(), untouched.end(), [](double x) { return x == 0.0; }));
+  // A head size past the kernel's: the attention_forward limit on this policy.
+  Tensor<float, 5> q_wide({1, 1, H, 2, 130}, p.memory()), k_wide({1, 8, G, 2, 130}, p.memory());
+  Tensor<float, 4> v_wide({1, 8, G, 260}, p.memory()), o_wide({1, 1, H, 260}, p.memory());
+  const std::vector<index_t> one{1};
+  test_support::expect_input_error(
+      [&] {
+        attention_decode<2>(p, q_wide.const_view(), k_wide.const_view(), v_wide.const_view(), one,
+                            lambda.const_view(), o_wide.view());
+      },
+      "attention_decode", "q", "a head size d <= 128", "d = 130");
 }
 
 int main(int argc, char** argv) {

@@ -2,9 +2,12 @@
 // memory (stream-ordered allocations); projections run through cuBLASLt;
 // attention through a fused kernel with both maps per key tile (tensor cores,
 // mma.sync, for float16/bfloat16 at head sizes 64 and 128; CUDA cores
-// otherwise); norms, RoPE, SwiGLU and lambda through small kernels; the token
-// embedding and the cross-entropy (so LanguageModel and CrossEntropyLoss run on
-// the device, with token ids in device memory) through their own kernels.
+// otherwise); decoding over a key/value cache (attention_decode.cuh) through
+// a split-K kernel that spreads each cache over many blocks and a kernel that
+// combines the splits; norms, RoPE, SwiGLU and lambda through small kernels;
+// the token embedding and the cross-entropy (so LanguageModel and
+// CrossEntropyLoss run on the device, with token ids in device memory) through
+// their own kernels.
 // Computes float32 (float32 arithmetic, no TF32), float16 and bfloat16 (float
 // accumulation) and float64 (double throughout: the CUDA-core attention,
 // cuBLASLt in CUBLAS_COMPUTE_64F, every small kernel in double).
@@ -27,6 +30,7 @@
 #include "difftx/policy/cuda/tag.cuh"
 
 #include "difftx/policy/cuda/attention.cuh"
+#include "difftx/policy/cuda/attention_decode.cuh"
 #include "difftx/policy/cuda/cross_entropy.cuh"
 #include "difftx/policy/cuda/diff_lambda.cuh"
 #include "difftx/policy/cuda/elementwise.cuh"
