@@ -1,5 +1,6 @@
 // Google Benchmark suite: every op and module, forward and forward + backward,
-// on the reference and simd policies, over sequence lengths N. Names read
+// on the reference and simd policies, over sequence lengths N, and one decode
+// step with a KV cache against the forward over the whole sequence it replaces. Names read
 // "<what>/<policy>/<dtype>/<pass>/N:<n>"; counters give GFLOP/s (counts in
 // flops.hpp) and tokens/s. The shapes are the CPU issue's: C = 768, h = 6
 // differential heads of D = 64 (the baseline: H = 12 heads of 64), causal.
@@ -230,6 +231,62 @@ void register_token_ops(const std::string& policy, const std::string& dtype, std
     }
 }
 
+// One decode step (B = 1, one new token) with `context` tokens already in the
+// cache, next to the forward over all context + 1 tokens that it replaces:
+// "<module>/<policy>/<dtype>/decode_step/context:<n>" and ".../forward_all/N:<n + 1>".
+template <class Module>
+void run_decode_step(benchmark::State& state, Module& module, index_t context) {
+  using T = typename Module::value_type;
+  const auto prompt = random_input<T>(context, 1), token = random_input<T>(1, 2);
+  Tensor<T, 3> y_prompt(prompt.shape()), y(token.shape());
+  auto cache = module.make_cache(1, context + 1);
+  module.prefill(prompt, cache, y_prompt.view());
+  for (auto _ : state) {
+    cache.truncate(context);  // every step sees the same cache length
+    module.decode(token, cache, y.view());
+    benchmark::ClobberMemory();
+  }
+  state.counters["tokens/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["cache_MB"] = static_cast<double>(cache.bytes_per_token() * static_cast<std::size_t>(context)) * 1e-6;
+}
+template <class Module>
+void run_stateless_forward(benchmark::State& state, Module& module, index_t n) {
+  using T = typename Module::value_type;
+  const auto x = random_input<T>(n, 1);
+  Tensor<T, 3> y(x.shape());
+  for (auto _ : state) {
+    module.forward(x, y.view());
+    benchmark::ClobberMemory();
+  }
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <class T, class Policy>
+void register_decoding(const std::string& policy, const std::string& dtype, std::initializer_list<index_t> contexts) {
+  auto add = [&](const std::string& module_name, auto make) {
+    for (index_t context : contexts) {
+      const std::string prefix = module_name + "/" + policy + "/" + dtype;
+      benchmark::RegisterBenchmark((prefix + "/decode_step/context:" + std::to_string(context)).c_str(),
+                                   [=](benchmark::State& state) {
+                                     auto module = make();
+                                     run_decode_step(state, module, context);
+                                   })
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark((prefix + "/forward_all/N:" + std::to_string(context + 1)).c_str(),
+                                   [=](benchmark::State& state) {
+                                     auto module = make();
+                                     run_stateless_forward(state, module, context + 1);
+                                   })
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  };
+  add("MultiHead", [] { return MultiHead<T, D, Policy>({.d_model = C, .heads = h, .kv_heads = h}); });
+  add("Attention", [] { return Attention<T, D, Policy>({.d_model = C, .heads = 2 * h, .kv_heads = 2 * h}); });
+  add("DecoderLayer", [] { return DecoderLayer<T, D, Policy>({{.d_model = C, .heads = h, .kv_heads = h}, F}); });
+}
+
 // Eigen's single-precision GEMM at a square size: the rate the kernels are measured against.
 void eigen_sgemm(benchmark::State& state) {
   const auto n = static_cast<Eigen::Index>(state.range(0));
@@ -255,6 +312,8 @@ int main(int argc, char** argv) {
   register_modules<float, policy::reference>("reference", "float32", {256});
   register_head_dim_paths<float, policy::simd>("simd", "float32", 1024);
   register_head_dim_paths<float, policy::reference>("reference", "float32", 128);
+  register_decoding<float, policy::simd>("simd", "float32", {1024, 4096});
+  register_decoding<Eigen::bfloat16, policy::simd>("simd", "bfloat16", {1024});
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

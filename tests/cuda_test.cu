@@ -8,7 +8,8 @@
 // ignored targets, bad ids) and a LanguageModel trained one step's worth of
 // gradients, in float32 and float64. attention_decode (split-K decoding over
 // a key/value cache whose rows past each length are NaN) against the
-// reference in float32, bfloat16 and float64. Without a GPU the suite exits
+// reference in float32, bfloat16 and float64; modules' prefill + decode and
+// packed batches against the reference forward. Without a GPU the suite exits
 // 77, which CTest reports as skipped.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -387,6 +388,61 @@ void check_attention_decode(index_t new_tokens, index_t d, const std::vector<ind
   CHECK(difference <= testing::tolerance<T>::forward);
 }
 
+// Tokens [n0, n1) of every sequence of x [B, N, C].
+Tensor<double, 3> token_range(const Tensor<double, 3>& x, index_t n0, index_t n1) {
+  Tensor<double, 3> out({x.extent(0), n1 - n0, x.extent(2)});
+  for (index_t b = 0; b < x.extent(0); ++b)
+    for (index_t n = n0; n < n1; ++n)
+      for (index_t c = 0; c < x.extent(2); ++c) out(b, n - n0, c) = x(b, n, c);
+  return out;
+}
+
+// Prefill, then decode steps of 1 and 3 tokens on the GPU; and a packed batch
+// of three sequences; every output against the reference forward in double.
+template <class T, class Make>
+void check_inference(const std::string& label, Make make, index_t C) {
+  policy::cuda p;
+  auto reference = make.template operator()<double, policy::reference>(policy::reference{});
+  auto gpu = make.template operator()<T, policy::cuda>(p);
+  test_support::randomise_parameters(reference, 21);
+  copy_parameters_to_device<T>(reference, gpu);
+  const index_t B = 2, prompt = 70, total = prompt + 4;
+  auto x = test_support::random_tensor<double, 3>({B, total, C}, 22);
+  for (index_t i = 0; i < x.size(); ++i) x.data()[i] = through<T>(x.data()[i]);
+  Tensor<double, 3> y_ref(x.shape());
+  reference.forward(x, y_ref.view());
+
+  auto cache = gpu.make_cache(B, total);
+  double worst = 0;
+  index_t n = 0;
+  for (index_t step : {prompt, index_t{1}, index_t{3}}) {
+    const auto x_step = to_device<T>(token_range(x, n, n + step), p);
+    Tensor<T, 3> y_step(x_step.shape(), p.memory());
+    if (n == 0)
+      gpu.prefill(x_step, cache, y_step.view());
+    else
+      gpu.decode(x_step, cache, y_step.view());
+    const auto y = to_host(y_step.data(), y_step.size(), p);
+    const auto expected = token_range(y_ref, n, n + step);
+    worst = std::max(worst, testing::normwise_difference(y.data(), expected.data(), expected.size()));
+    n += step;
+  }
+  INFO(label << " " << scalar_traits<T>::name << " prefill + decode: " << worst / scalar_traits<T>::epsilon << " u");
+  CHECK(worst <= testing::tolerance<T>::forward);
+
+  // Packed: sequence b of x's rows as one [1, 2·total, C] batch of two sequences.
+  const std::vector<index_t> offsets{0, total, 2 * total};
+  Tensor<double, 3> flat({1, B * total, C});
+  std::copy_n(x.data(), x.size(), flat.data());
+  const auto packed = to_device<T>(flat, p);
+  Tensor<T, 3> y_packed(packed.shape(), p.memory());
+  gpu.forward(packed, y_packed.view(), offsets);
+  const auto y = to_host(y_packed.data(), y_packed.size(), p);
+  const double packed_difference = testing::normwise_difference(y.data(), y_ref.data(), y_ref.size());
+  INFO(label << " " << scalar_traits<T>::name << " packed: " << packed_difference / scalar_traits<T>::epsilon << " u");
+  CHECK(packed_difference <= testing::tolerance<T>::forward);
+}
+
 }  // namespace
 
 TEST_CASE("cuda: RMSNorm and SwiGLU") {
@@ -536,6 +592,19 @@ TEST_CASE("cuda: attention_decode against the reference") {
                             lambda.const_view(), o_wide.view());
       },
       "attention_decode", "q", "a head size d <= 128", "d = 130");
+}
+
+TEST_CASE("cuda: prefill, decode and packed batches against the reference forward") {
+  auto multihead = []<class U, class P>(P p) {
+    return MultiHead<U, 64, P>({.d_model = 256, .heads = 2, .kv_heads = 1, .layer_index = 1}, p);
+  };
+  auto decoder = []<class U, class P>(P p) { return DecoderLayer<U, 8, P>({{.d_model = 48, .heads = 3}}, p); };
+  auto baseline = []<class U, class P>(P p) { return Attention<U, 64, P>({.d_model = 256, .heads = 4, .kv_heads = 2}, p); };
+  check_inference<float>("MultiHead D=64", multihead, 256);
+  check_inference<Eigen::bfloat16>("MultiHead D=64", multihead, 256);
+  check_inference<double>("MultiHead D=64", multihead, 256);
+  check_inference<float>("DecoderLayer D=8", decoder, 48);
+  check_inference<Eigen::bfloat16>("Attention D=64", baseline, 256);
 }
 
 int main(int argc, char** argv) {

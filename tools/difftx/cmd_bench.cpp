@@ -29,7 +29,8 @@ struct bench_options {
   std::string module, dtype;
   std::vector<std::string> policies;
   index_t batch = 0, seq = 0, d_model = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn_dim = 0;
-  bool no_causal = false, backward = false, json = false;
+  bool no_causal = false, backward = false, json = false, decode = false;
+  index_t context = 0;
   int repeats = 10, threads = 0;
 };
 
@@ -97,6 +98,7 @@ struct bench_row {
   int threads = 1;
   bool compiled_head_dim = false;  // D has its own instantiation on this policy
   double forward_ms = 0, both_ms = 0;
+  double decode_ms = 0;  // --decode: one decode step
 };
 
 bench_row time_policy(const bench_options& o, const module_spec& spec, const std::string& policy, io::dtype type,
@@ -107,6 +109,11 @@ bench_row time_policy(const bench_options& o, const module_spec& spec, const std
   bench_row row{.policy = policy, .description = policy_description(policy), .threads = module->threads()};
   const auto compiled = compiled_head_dims(policy);
   row.compiled_head_dim = std::find(compiled.begin(), compiled.end(), spec.head_dim) != compiled.end();
+  if (o.decode) {
+    module->prepare_decode();
+    row.decode_ms = median_ms(*module, o.repeats, [&] { module->decode_step(); });
+    return row;
+  }
   row.forward_ms = median_ms(*module, o.repeats, [&] { module->forward(); });
   if (o.backward)
     row.both_ms = median_ms(*module, o.repeats, [&] {
@@ -116,11 +123,49 @@ bench_row time_policy(const bench_options& o, const module_spec& spec, const std
   return row;
 }
 
+// The shape line shared by both reports.
+std::string describe_shape(const bench_options& o, const module_spec& spec, index_t seq) {
+  std::string shape = "x [" + std::to_string(o.batch) + ", " + std::to_string(seq) + ", " + std::to_string(o.d_model) + "]";
+  if (uses_head_dim(spec.kind))
+    shape += ", h = " + std::to_string(spec.heads) + ", g = " + std::to_string(spec.kv_heads) +
+             ", D = " + std::to_string(spec.head_dim) + (spec.causal ? ", causal" : ", not causal");
+  if (spec.ffn_dim) shape += ", F = " + std::to_string(spec.ffn_dim);
+  return shape;
+}
+
+// --decode: one decode step (B new tokens) per policy.
+void print_decode(const bench_options& o, const module_spec& spec, const std::vector<bench_row>& rows) {
+  const double tokens = static_cast<double>(o.batch);
+  if (o.json) {
+    for (const auto& row : rows) {
+      nlohmann::json j{{"module", o.module}, {"policy", row.policy}, {"policy_detail", row.description},
+                       {"dtype", o.dtype}, {"threads", row.threads}, {"batch", o.batch}, {"context", o.context},
+                       {"d_model", o.d_model}, {"repeats", o.repeats}, {"decode_step_ms", row.decode_ms},
+                       {"decode_tokens_per_s", tokens / row.decode_ms * 1e3},
+                       {"decode_speedup_vs_first", rows.front().decode_ms / row.decode_ms}};
+      if (uses_head_dim(spec.kind))
+        j.update({{"heads", spec.heads}, {"kv_heads", spec.kv_heads}, {"head_dim", spec.head_dim}});
+      std::printf("%s\n", j.dump().c_str());
+    }
+    return;
+  }
+  std::printf("difftx bench --decode: %s, one new token per sequence with %lld cached, prompt %s, %s; median of %d steps "
+              "after a warm-up; x = the first policy's time / this one's\n",
+              o.module.c_str(), static_cast<long long>(o.context), describe_shape(o, spec, o.context).c_str(),
+              o.dtype.c_str(), o.repeats);
+  std::printf("%-34s %7s %-16s %10s %12s %7s\n", "policy", "threads", "pass", "median ms", "tokens/s", "x");
+  for (const auto& row : rows)
+    std::printf("%-34s %7d %-16s %10.3f %12.1f %7.2f\n", row.description.c_str(), row.threads, "decode step",
+                row.decode_ms, tokens / row.decode_ms * 1e3, rows.front().decode_ms / row.decode_ms);
+}
+
 void bench(const bench_options& o) {
   for (const auto& policy : o.policies) checked_dtype(o.dtype, policy);  // every usage error before any work
   const auto type = *io::parse_dtype_name(o.dtype);
   const auto spec = bench_spec(o);
-  const auto count = checked_element_count(std::vector<index_t>{o.batch, o.seq, o.d_model}, "bench", "x [B, N, C]");
+  // --decode: the input is the prompt the cache holds, x [B, context, C].
+  const index_t seq = o.decode ? o.context : o.seq;
+  const auto count = checked_element_count(std::vector<index_t>{o.batch, seq, o.d_model}, "bench", "x [B, N, C]");
   random_stream rng(1);
   std::vector<double> x;
   try {
@@ -130,20 +175,17 @@ void bench(const bench_options& o) {
                       "input needs " + std::to_string(count * sizeof(double)) + " bytes, more than can be allocated");
   }
   for (auto& e : x) e = rng.normal();
-  const auto input = io::stored_tensor::from_values(type, {o.batch, o.seq, o.d_model}, x);
+  const auto input = io::stored_tensor::from_values(type, {o.batch, seq, o.d_model}, x);
   x = {};
   std::vector<bench_row> rows;
   for (const auto& policy : o.policies) rows.push_back(time_policy(o, spec, policy, type, input));
+  if (o.decode) return print_decode(o, spec, rows);
 
   const auto flops = count_flops(spec, o.batch, o.seq);
   const double tokens = static_cast<double>(o.batch * o.seq);
   // GFLOP/s of `flop` in `ms`; none when nothing is counted (rmsnorm).
   auto gflops = [](double flop, double ms) { return flop > 0 ? nlohmann::json(flop / (ms * 1e6)) : nlohmann::json(); };
-  std::string shape = "x [" + std::to_string(o.batch) + ", " + std::to_string(o.seq) + ", " + std::to_string(o.d_model) + "]";
-  if (uses_head_dim(spec.kind))
-    shape += ", h = " + std::to_string(spec.heads) + ", g = " + std::to_string(spec.kv_heads) +
-             ", D = " + std::to_string(spec.head_dim) + (spec.causal ? ", causal" : ", not causal");
-  if (spec.ffn_dim) shape += ", F = " + std::to_string(spec.ffn_dim);
+  const std::string shape = describe_shape(o, spec, o.seq);
 
   if (o.json) {
     for (const auto& row : rows) {
@@ -193,7 +235,7 @@ void add_bench_command(CLI::App& app) {
   add_dtype_option(*cmd, o->dtype);
   add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
   cmd->add_option("--batch", o->batch, "batch size B")->required()->check(count_in(1));
-  cmd->add_option("--seq", o->seq, "sequence length N")->required()->check(count_in(1));
+  auto* seq = cmd->add_option("--seq", o->seq, "sequence length N (needed unless --decode)")->check(count_in(1));
   cmd->add_option("--d-model", o->d_model, "model width C")->required()->check(count_in(1));
   cmd->add_option("--heads", o->heads, "heads h (attention: H); needed except for rmsnorm and swiglu")
       ->check(count_in(1));
@@ -203,7 +245,13 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--ffn-dim", o->ffn_dim, "SwiGLU hidden size F (default: 8C/3 rounded up to a multiple of 64)")
       ->check(count_in(1));
   cmd->add_flag("--no-causal", o->no_causal, "attend to every position (costs twice the attention products)");
-  cmd->add_flag("--backward", o->backward, "time forward + backward too");
+  auto* backward = cmd->add_flag("--backward", o->backward, "time forward + backward too");
+  auto* decode = cmd->add_flag("--decode", o->decode,
+                               "time one decode step with a KV cache instead: --batch new tokens, one per sequence, "
+                               "each attending to --context cached ones (multihead, attention, decoder_layer)");
+  auto* context = cmd->add_option("--context", o->context, "--decode: the tokens already in the cache")->check(count_in(1));
+  decode->needs(context)->excludes(backward)->excludes(seq);
+  context->needs(decode);
   cmd->add_option("--repeats", o->repeats, "timed runs (after one warm-up run)")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
@@ -219,7 +267,10 @@ void add_bench_command(CLI::App& app) {
       "backward recomputes, so GFLOP/s are conservative. Not counted: RMSNorm, RoPE, softmax, the SwiGLU gate,\n"
       "residual adds (O(B·N·C) each), so rmsnorm reports no GFLOP/s.\n" +
       exit_codes_help);
-  cmd->callback([o] { bench(*o); });
+  cmd->callback([o] {
+    if (!o->decode && o->seq == 0) throw CLI::RequiredError("--seq");
+    bench(*o);
+  });
 }
 
 }  // namespace difftx::cli

@@ -52,6 +52,12 @@ class runner {
   virtual void set_grad_output(const io::stored_tensor& dy, const std::string& label) = 0;
   virtual void forward() = 0;   // y = module(x), saving what backward needs
   virtual void backward() = 0;  // dx from dy; parameter gradients accumulate
+  // Decoding with a KV cache (modules with attention; input_error for others):
+  // prefill the input x [B, N, C] into a fresh cache of N + 1 tokens per
+  // sequence; then each decode_step() decodes one new token per sequence (a
+  // copy of x's last) with the cache held at N tokens, so every step costs the same.
+  virtual void prepare_decode() = 0;
+  virtual void decode_step() = 0;
   // Throw input_error if y (after forward) or dx and a parameter gradient
   // (after backward) holds a NaN or an infinity, naming the tensor, the first
   // such element and, for y, the first intermediate where it began.

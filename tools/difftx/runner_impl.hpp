@@ -1,13 +1,15 @@
 // module_runner<Module>, and detail::make_for_policy, which picks the module
 // kind and the head size for one policy and number type. Only the runners_*
 // files include this (through typed_runners.hpp for the host policies; the
-// nvcc-compiled runners_cuda.cu directly), so the build splits by type.
+// nvcc-compiled runners_cuda.cu directly), so the build splits by type, and
+// generator.cpp, for the policy and layer configs its language models share.
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <string>
 #include <utility>
+#include <variant>
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -32,6 +34,17 @@ struct work_timer {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   }
 };
+
+// The threads a policy's kernels run on: its `threads` (0: OpenMP's default), or 1 for a policy without threads.
+template <class Policy>
+int policy_threads([[maybe_unused]] const Policy& policy) {
+  if constexpr (requires { policy.threads; }) {
+#if defined(_OPENMP)
+    return policy.threads > 0 ? policy.threads : omp_get_max_threads();
+#endif
+  }
+  return 1;
+}
 
 template <class Module>
 class module_runner final : public runner {
@@ -78,6 +91,31 @@ class module_runner final : public runner {
     dx_.resize(x_.shape(), memory());
     module_.backward(x_.view(), dy_.view(), saved_, dx_.view());
   }
+  void prepare_decode() override {
+    if constexpr (has_cache) {
+      const index_t B = x_.extent(0), N = x_.extent(1), C = x_.extent(2);
+      cache_ = module_.make_cache(B, N + 1);
+      y_.resize(x_.shape(), memory());
+      module_.prefill(x_.view(), cache_, y_.view());
+      token_.resize({B, 1, C}, memory());
+      step_y_.resize({B, 1, C}, memory());
+      for (index_t b = 0; b < B; ++b)
+        memory().copy(token_.view()[b].data(), x_.view()[b][N - 1].data(), static_cast<std::size_t>(C) * sizeof(T));
+      context_ = N;
+    } else {
+      throw input_error("bench", "--decode", "a module with attention (multihead, attention, decoder_layer)",
+                        "a module without a KV cache");
+    }
+  }
+  void decode_step() override {
+    if constexpr (has_cache) {
+      if constexpr (requires { cache_.truncate(context_); })
+        cache_.truncate(context_);
+      else
+        for (auto& layer_cache : cache_) layer_cache.truncate(context_);
+      module_.decode(token_.view(), cache_, step_y_.view());
+    }
+  }
   void require_finite_output() const override {
     double value = 0;
     const index_t i = detail::first_non_finite_index(y_.data(), y_.size(), y_.memory(), value);
@@ -113,14 +151,7 @@ class module_runner final : public runner {
     return work_timer<typename Module::policy_type>::elapsed_ms(module_.policy(), work);
   }
 
-  int threads() const override {
-    if constexpr (requires(const typename Module::policy_type& p) { p.threads; }) {
-#if defined(_OPENMP)
-      return module_.policy().threads > 0 ? module_.policy().threads : omp_get_max_threads();
-#endif
-    }
-    return 1;
-  }
+  int threads() const override { return policy_threads(module_.policy()); }
 
  private:
   memory_resource& memory() const { return module_.policy().memory(); }
@@ -153,10 +184,24 @@ class module_runner final : public runner {
     return io::stored_tensor::from_view(type, host.const_view());
   }
 
+  static constexpr bool has_cache = requires { typename Module::cache_type; };
+  template <class M>
+  struct cache_of {
+    using type = std::monostate;
+  };
+  template <class M>
+    requires requires { typename M::cache_type; }
+  struct cache_of<M> {
+    using type = typename M::cache_type;
+  };
+
   index_t d_model_;
   Module module_;
   Tensor<T, 3> x_, y_, dy_, dx_;
   typename Module::saved_type saved_;
+  typename cache_of<Module>::type cache_;  // decoding only
+  Tensor<T, 3> token_, step_y_;            // [B, 1, C] the decoded token and its output
+  index_t context_ = 0;
 };
 
 namespace detail {

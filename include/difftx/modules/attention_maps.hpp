@@ -36,6 +36,10 @@ struct AttentionMaps {
 };
 
 namespace detail {
+inline void require_dense_forward(const std::vector<index_t>& sequences) {
+  require(sequences.empty(), "attention_maps", "saved", "the state of a forward on a dense batch [B, N, C]",
+          "the state of a packed batch of " + std::to_string(sequences.size() - 1) + " sequences");
+}
 // saved_for: the input shape the saved state records ({} before any forward).
 template <Scalar T>
 AttentionMaps<accum_t<T>> attention_maps_from(const shape_t<3>& saved_for, cview<T, 5> q, cview<T, 5> k,
@@ -84,6 +88,7 @@ template <Scalar T, index_t D, class Policy>
 AttentionMaps<accum_t<T>> attention_maps(const MultiHead<T, D, Policy>& module,
                                          const typename MultiHead<T, D, Policy>::saved_type& saved, index_t batch,
                                          std::span<const index_t> rows) {
+  detail::require_dense_forward(saved.attn.sequences);
   return detail::attention_maps_from<T>(saved.input_shape, saved.q.view(), saved.k.view(), saved.attn.lse.view(),
                                         saved.attn.lambda.view(), module.config().causal, batch, rows);
 }
@@ -93,6 +98,7 @@ template <Scalar T, index_t D, class Policy>
 AttentionMaps<accum_t<T>> attention_maps(const Attention<T, D, Policy>& module,
                                          const typename Attention<T, D, Policy>::saved_type& saved, index_t batch,
                                          std::span<const index_t> rows) {
+  detail::require_dense_forward(saved.sequences);
   return detail::attention_maps_from<T>(saved.input_shape, saved.q.view(), saved.k.view(), saved.lse.view(),
                                         cview<accum_t<T>, 1>{}, module.config().causal, batch, rows);
 }

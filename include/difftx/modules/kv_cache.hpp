@@ -14,6 +14,7 @@
 // is written: an append past the capacity throws and changes nothing.
 #pragma once
 
+#include <algorithm>
 #include <span>
 #include <string>
 #include <string_view>
@@ -59,6 +60,12 @@ class KVCache {
 
   // Every sequence empty again (nothing is cleared: rows past a length are never read).
   void reset() noexcept { std::fill(lengths_.begin(), lengths_.end(), index_t{0}); }
+  // Every sequence keeps at most its first `length` tokens (rolling back
+  // rejected tokens, or timing one decode step again at the same length).
+  void truncate(index_t length) {
+    require(length >= 0, "KVCache::truncate", "length", "a length >= 0", std::to_string(length));
+    for (auto& l : lengths_) l = std::min(l, length);
+  }
 
   // Appends T tokens to every sequence: k [B, T, G, Maps, d], v [B, T, G, dv].
   void append(cview<T, 5> k, cview<T, 4> v) {

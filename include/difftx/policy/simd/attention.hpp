@@ -116,15 +116,20 @@ void scale_in_place(A* x, index_t n, A factor) {
   for (; i < n; ++i) x[i] *= factor;
 }
 
-// p[t] = exp(s[t] - shift) for t < n, 0 for t in [n, attention_block); in place.
+// p[t] = exp(p[t] - shift) for t < n, in place.
 template <class A>
-void exponentiate(A* s, index_t n, A shift) {
+void exponentiate_row(A* p, index_t n, A shift) {
   using V = vec<A>;
   constexpr index_t W = V::size;
   index_t t = 0;
-  for (; t + W <= n; t += W) xsimd::exp(V::load_unaligned(s + t) - V(shift)).store_unaligned(s + t);
-  for (; t < n; ++t) s[t] = std::exp(s[t] - shift);
-  for (; t < attention_block; ++t) s[t] = A(0);
+  for (; t + W <= n; t += W) xsimd::exp(V::load_unaligned(p + t) - V(shift)).store_unaligned(p + t);
+  for (; t < n; ++t) p[t] = std::exp(p[t] - shift);
+}
+// The same for a tile row: then 0 for t in [n, attention_block).
+template <class A>
+void exponentiate(A* s, index_t n, A shift) {
+  exponentiate_row(s, n, shift);
+  std::fill(s + n, s + attention_block, A(0));
 }
 
 }  // namespace simd_detail

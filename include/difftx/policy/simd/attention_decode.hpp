@@ -21,6 +21,7 @@
 #include <Eigen/Core>
 
 #include "difftx/ops/attention_decode.hpp"
+#include "difftx/policy/simd/attention.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/linear.hpp"
 
@@ -113,16 +114,12 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
         for (index_t row = 0; row < rows; ++row) {
           // Token i sits at position length - T + i and sees keys t <= it.
           const index_t visible = std::clamp<index_t>(length - new_tokens + row / r + 1 - t0, 0, keys);
-          A mx = neg_inf;
-          for (index_t t = 0; t < visible; ++t) mx = std::max(mx, s(row, t));
-          A total = 0;
-          for (index_t t = 0; t < keys; ++t) {
-            const A e = t < visible ? std::exp(s(row, t) - mx) : A(0);
-            s(row, t) = e;
-            total += e;
-          }
+          A* p_row = scores.data() + row * cache_block;
+          const A mx = visible > 0 ? row_max(p_row, visible) : neg_inf;
+          exponentiate_row(p_row, visible, mx);
+          std::fill(p_row + visible, p_row + keys, A(0));
           row_max_out[row] = mx;
-          row_sum_out[row] = total;
+          row_sum_out[row] = sum(p_row, visible);
         }
         Eigen::Map<row_matrix<A>>(part.acc_at(item, m), rows, dv).noalias() = s * values;
       }
