@@ -4,12 +4,20 @@
 // writers that fail leave neither a file nor a temporary behind.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
 
 #include <difftx/difftx.hpp>
+#include <difftx/io/mapped_safetensors.hpp>
 #include <difftx/io/npy.hpp>
 #include <difftx/io/parameters.hpp>
 #include <difftx/io/safetensors.hpp>
@@ -63,6 +71,33 @@ std::vector<std::byte> npy_bytes(const std::string& dict, std::size_t data_size,
   const std::uint32_t n = static_cast<std::uint32_t>(header.size());
   s.append(reinterpret_cast<const char*>(&n), preamble - 8);
   return bytes_of(s + header + std::string(data_size, '\0'));
+}
+
+// A safetensors file's bytes with one more tensor: its entry added to the
+// header, its bytes after the data (how a checkpoint holds I64 tensors, which
+// a tensor_file cannot write).
+std::vector<std::byte> with_tensor(const std::vector<std::byte>& file, const std::string& name, const std::string& dtype,
+                                   const std::vector<index_t>& shape, const std::vector<std::byte>& data) {
+  std::uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  const auto* text = reinterpret_cast<const char*>(file.data()) + 8;
+  auto header = nlohmann::json::parse(text, text + n);
+  const std::uint64_t data_size = file.size() - 8 - n;
+  header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {data_size, data_size + data.size()}}};
+  auto out = safetensors_bytes(header.dump(), 0);
+  out.insert(out.end(), file.begin() + static_cast<std::ptrdiff_t>(8 + n), file.end());
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+// count little-endian int64 values 0, 1, ... (position ids, say).
+std::vector<std::byte> int64_bytes(std::size_t count) {
+  std::vector<std::byte> out(count * 8);
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto v = static_cast<std::int64_t>(i);
+    std::memcpy(out.data() + i * 8, &v, 8);
+  }
+  return out;
 }
 
 template <class Module>
@@ -208,13 +243,21 @@ TEST_CASE("PyTorch fixtures: F32, F16 and BF16 weights torch converted match our
     io::load_parameters(layer, typed, suffix);
     for (const auto& p : layer.parameters())
       for (index_t i = 0; i < p.size(); ++i) REQUIRE(p.value[i] == static_cast<float>(typed.at(p.name, "test", suffix).values()[static_cast<std::size_t>(i)]));
+    DecoderLayer<float, 4> mapped({{.d_model = 16, .heads = 2, .kv_heads = 1, .layer_index = 2}, 24});
+    io::load_parameters(mapped, io::mapped_safetensors(data_dir / ("decoder_layer.weights." + std::string(suffix) + ".safetensors")));
+    CHECK(parameter_values(mapped) == parameter_values(layer));
   }
 }
 
-TEST_CASE("malformed safetensors are rejected with the documented error") {
-  const std::string label = "bad.safetensors";
-  auto parse = [&](const std::vector<std::byte>& bytes) { return [=] { io::parse_safetensors(bytes, label); }; };
-  SUBCASE("shorter than the header size") {
+namespace {
+
+// The malformed-file cases, run through one reader: read(bytes) reads a file
+// holding bytes and returns how many tensors it lists; `label` is how its
+// errors name that file.
+void check_malformed_safetensors(const std::string& label, const std::function<std::size_t(const std::vector<std::byte>&)>& read) {
+  auto parse = [&](const std::vector<std::byte>& bytes) { return [=, &read] { read(bytes); }; };
+  SUBCASE("an empty file, and one shorter than the header size") {
+    expect_input_error(parse({}), "read_safetensors", label + ": header", "an 8-byte header size", "0 bytes in all");
     expect_input_error(parse(bytes_of("abcd")), "read_safetensors", label + ": header", "an 8-byte header size", "4 bytes");
   }
   SUBCASE("header size past the end") {
@@ -241,9 +284,23 @@ TEST_CASE("malformed safetensors are rejected with the documented error") {
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12)),
                        "read_safetensors", label + ": data", "8 data bytes", "12");
   }
-  SUBCASE("unknown dtype") {
-    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}})", 8)),
-                       "read_safetensors", label + ": w", "dtype F64, F32, F16 or BF16", "\"I32\"");
+  SUBCASE("a dtype the format does not have") {
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"I33","shape":[2],"data_offsets":[0,8]}})", 8)),
+                       "read_safetensors", label + ": w", "a dtype of the format (BOOL, U8, I8,", "\"I33\"");
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", 8)),
+                       "read_safetensors", label + ": w", "a dtype of the format", "4");
+  }
+  SUBCASE("every dtype of the format is listed, and sizes are checked in its width") {
+    CHECK(read(safetensors_bytes(R"({"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},)"
+                                 R"("mask":{"dtype":"BOOL","shape":[3],"data_offsets":[16,19]},)"
+                                 R"("q":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[19,20]},)"
+                                 R"("f4":{"dtype":"F4","shape":[2,3],"data_offsets":[20,23]},)"
+                                 R"("w":{"dtype":"F32","shape":[1],"data_offsets":[23,27]}})",
+                                 27)) == 5);
+    expect_input_error(parse(safetensors_bytes(R"({"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,8]}})", 8)),
+                       "read_safetensors", label + ": ids", "16 bytes for shape [2] of I64", "8 bytes");
+    expect_input_error(parse(safetensors_bytes(R"({"f4":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", 2)),
+                       "read_safetensors", label + ": f4", "whole bytes for shape [3] of F4", "12 bits");
   }
   SUBCASE("shape and size disagree") {
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
@@ -267,12 +324,12 @@ TEST_CASE("malformed safetensors are rejected with the documented error") {
                        "read_safetensors", label + ": w", "exactly the keys dtype, shape and data_offsets", "\"x\"");
     expect_input_error(parse(safetensors_bytes(" {" + w + "}", 4)), "read_safetensors", label + ": header",
                        "starting with '{'", "another first byte");
-    CHECK(io::parse_safetensors(safetensors_bytes("{" + w + "}   ", 4), label).tensors.size() == 1);  // padding is fine
+    CHECK(read(safetensors_bytes("{" + w + "}   ", 4)) == 1);  // padding is fine
   }
   SUBCASE("a name with control bytes is echoed escaped, on one line") {
-    const auto bytes = safetensors_bytes(R"({"a\nb\u001b[31m":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}})", 1);
+    const auto bytes = safetensors_bytes(R"({"a\nb\u001b[31m":{"dtype":"I8","shape":[2],"data_offsets":[0,1]}})", 1);
     try {
-      io::parse_safetensors(bytes, label);
+      read(bytes);
       FAIL("no input_error");
     } catch (const input_error& e) {
       const std::string message = e.what();
@@ -281,17 +338,244 @@ TEST_CASE("malformed safetensors are rejected with the documented error") {
       CHECK(message.find("a\\nb\\x1b[31m") != std::string::npos);
     }
   }
-  SUBCASE("missing or misshapen weights: load_parameters changes nothing") {
-    RMSNorm<double> norm(2);
-    const auto before = parameter_values(norm);
+}
+
+}  // namespace
+
+TEST_CASE("malformed safetensors are rejected with the documented error: read into memory") {
+  check_malformed_safetensors("bad.safetensors", [](const std::vector<std::byte>& bytes) {
+    const auto f = io::parse_safetensors(bytes, "bad.safetensors");
+    return f.tensors.size() + f.undecodable.size();
+  });
+}
+
+TEST_CASE("malformed safetensors are rejected with the documented error: mapped") {
+  test_support::temp_folder folder;
+  const auto path = folder / "bad.safetensors";
+  check_malformed_safetensors(path.string(), [&](const std::vector<std::byte>& bytes) {
+    write_bytes(path, bytes);
+    return io::mapped_safetensors(path).tensors().size();
+  });
+  SUBCASE("no file, or a folder") {
+    expect_input_error([&] { io::mapped_safetensors(folder / "none.safetensors"); }, "read_safetensors",
+                       (folder / "none.safetensors").string(), "a readable file", "no such file");
+    expect_input_error([&] { io::mapped_safetensors(folder.path()); }, "read_safetensors", folder.path().string(),
+                       "a readable file", "not a regular file");
+  }
+}
+
+TEST_CASE("missing or misshapen weights: load_parameters from a tensor_file changes nothing") {
+  const std::string label = "bad.safetensors";
+  RMSNorm<double> norm(2);
+  const auto before = parameter_values(norm);
+  io::tensor_file f;
+  f.tensors["bias"] = io::stored_tensor::from_values(io::dtype::f32, {2}, {1.0, 2.0});
+  expect_input_error([&] { io::load_parameters(norm, f, label); }, "load_parameters", "weight",
+                     "a tensor named 'weight' in " + label, "no such tensor");
+  f.tensors["weight"] = io::stored_tensor::from_values(io::dtype::f32, {3}, {1.0, 2.0, 3.0});
+  expect_input_error([&] { io::load_parameters(norm, f, label); }, "load_parameters", "weight", "shape [2] in " + label,
+                     "shape [3]");
+  CHECK(parameter_values(norm) == before);
+}
+
+namespace {
+
+const DecoderLayerConfig small_layer{{.d_model = 16, .heads = 2, .kv_heads = 1}, 24};
+
+// Same bits (long double compares by value: its padding bytes are arbitrary).
+template <class T>
+bool same_bits(const T& a, const T& b) {
+  if constexpr (std::is_same_v<T, long double>)
+    return a == b;
+  else
+    return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+// Loads layer 3 of the checkpoint at path into a DecoderLayer<T, 4> through
+// the mapping and through read_safetensors; both must hold exactly what
+// decode-to-double then from_double gives (the conversion of old).
+template <class T>
+void check_mapped_load(const std::filesystem::path& path) {
+  INFO(scalar_traits<T>::name);
+  const io::mapped_safetensors mapped(path);
+  const auto file = io::read_safetensors(path);
+  DecoderLayer<T, 4> from_map(small_layer), from_file(small_layer);
+  io::load_parameters(from_map, mapped, "layers.3.");
+  io::load_parameters(from_file, file, path.string(), "layers.3.");
+  const auto a = from_map.parameters(), b = from_file.parameters();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].name);
+    const auto values = file.at("layers.3." + a[i].name, "test", "file").values();
+    REQUIRE(values.size() == static_cast<std::size_t>(a[i].size()));
+    for (std::size_t e = 0; e < values.size(); ++e) {
+      const T expected = scalar_traits<T>::from_double(values[e]);
+      REQUIRE(same_bits(a[i].value[e], expected));
+      REQUIRE(same_bits(b[i].value[e], expected));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mapped safetensors: load_parameters equals read_safetensors' load bit for bit, every file dtype into every number type") {
+  test_support::temp_folder folder;
+  DecoderLayer<double, 4> source(small_layer);
+  test_support::randomise_parameters(source, 11);
+  for (auto t : all_types) {
+    INFO(io::dtype_name(t));
+    // A checkpoint: layer 3's weights, another layer's, metadata, and I64 position ids.
+    io::tensor_file weights;
+    weights.metadata = {{"format", "pt"}};
+    io::store_parameters(weights, source, t, "layers.3.");
+    io::store_parameters(weights, source, io::dtype::f32, "layers.4.");
+    const auto path = folder / "model.safetensors";
+    io::write_safetensors(path, weights);
+    write_bytes(path, with_tensor(io::read_file_bytes(path, "test"), "position_ids", "I64", {7}, int64_bytes(7)));
+
+    const io::mapped_safetensors mapped(path);
+    CHECK(mapped.label() == path.string());
+    CHECK(mapped.metadata() == weights.metadata);
+    REQUIRE(mapped.tensors().size() == weights.tensors.size() + 1);
+    for (const auto& [name, stored] : weights.tensors) {
+      INFO(name);
+      const auto entry = mapped.at(name);
+      CHECK(entry.type == stored.type);
+      CHECK(entry.dtype_name == io::safetensors_name(stored.type));
+      CHECK(std::ranges::equal(entry.shape, stored.shape));
+      CHECK(std::ranges::equal(entry.bytes, stored.bytes));
+    }
+    const auto ids = mapped.at("position_ids");
+    CHECK(ids.dtype_name == "I64");
+    CHECK_FALSE(ids.type.has_value());
+    CHECK(std::ranges::equal(ids.shape, std::vector<index_t>{7}));
+    CHECK(std::ranges::equal(ids.bytes, int64_bytes(7)));
+    const auto file = io::read_safetensors(path);
+    CHECK(file.undecodable == std::map<std::string, std::string>{{"position_ids", "I64"}});
+
+    check_mapped_load<float>(path);
+    check_mapped_load<double>(path);
+    check_mapped_load<Eigen::bfloat16>(path);
+    check_mapped_load<Eigen::half>(path);
+    check_mapped_load<long double>(path);  // no dtype of its own: the from_double fallback
+  }
+}
+
+TEST_CASE("mapped safetensors: a dtype that is the module's own type is copied, signalling NaN payloads included") {
+  // A conversion through float or double would quiet these NaNs (set their top mantissa bit).
+  test_support::temp_folder folder;
+  auto check = [&]<class T, class Bits>(io::dtype t, Bits nan) {
+    INFO(io::dtype_name(t));
+    const Bits one = std::bit_cast<Bits>(scalar_traits<T>::from_double(1.0));
     io::tensor_file f;
-    f.tensors["bias"] = io::stored_tensor::from_values(io::dtype::f32, {2}, {1.0, 2.0});
-    expect_input_error([&] { io::load_parameters(norm, f, label); }, "load_parameters", "weight",
-                       "a tensor named 'weight' in " + label, "no such tensor");
-    f.tensors["weight"] = io::stored_tensor::from_values(io::dtype::f32, {3}, {1.0, 2.0, 3.0});
-    expect_input_error([&] { io::load_parameters(norm, f, label); }, "load_parameters", "weight", "shape [2] in " + label,
-                       "shape [3]");
-    CHECK(parameter_values(norm) == before);
+    f.tensors["weight"] = {t, {2}, std::vector<std::byte>(2 * sizeof(Bits))};
+    std::memcpy(f.tensors["weight"].bytes.data(), &one, sizeof(Bits));
+    std::memcpy(f.tensors["weight"].bytes.data() + sizeof(Bits), &nan, sizeof(Bits));
+    io::write_safetensors(folder / "w.safetensors", f);
+    RMSNorm<T> norm(2);
+    io::load_parameters(norm, io::mapped_safetensors(folder / "w.safetensors"));
+    const auto p = norm.parameters().front();
+    CHECK(std::bit_cast<Bits>(p.value[0]) == one);
+    CHECK(std::bit_cast<Bits>(p.value[1]) == nan);
+  };
+  check.template operator()<float, std::uint32_t>(io::dtype::f32, 0x7f800001u);
+  check.template operator()<double, std::uint64_t>(io::dtype::f64, 0x7ff0000000000001u);
+  check.template operator()<Eigen::half, std::uint16_t>(io::dtype::f16, std::uint16_t{0x7c01});
+  check.template operator()<Eigen::bfloat16, std::uint16_t>(io::dtype::bf16, std::uint16_t{0x7f81});
+}
+
+TEST_CASE("mapped safetensors: a missing, undecodable or misshapen tensor is named and changes no parameter") {
+  test_support::temp_folder folder;
+  DecoderLayer<double, 4> source(small_layer);
+  test_support::randomise_parameters(source, 12);
+  // The last parameter goes wrong, so a load that wrote as it checked would have changed the others.
+  const auto last = source.parameters().back();
+  io::tensor_file all_but_last;
+  io::store_parameters(all_but_last, source, io::dtype::f32, "layers.3.");
+  all_but_last.tensors.erase("layers.3." + last.name);
+  const auto path = folder / "model.safetensors";
+  io::write_safetensors(path, all_but_last);
+  const auto good_bytes = io::read_file_bytes(path, "test");
+
+  DecoderLayer<float, 4> target(small_layer);
+  test_support::randomise_parameters(target, 13);
+  const auto before = parameter_values(target);
+  const std::string name = "layers.3." + last.name;
+  const std::string label = path.string();
+  SUBCASE("missing") {
+    const io::mapped_safetensors file(path);
+    expect_input_error([&] { io::load_parameters(target, file, "layers.3."); }, "load_parameters", name,
+                       "a tensor named '" + name + "' in " + label, "no such tensor");
+  }
+  SUBCASE("in a dtype difftx does not decode (I64), through either reader") {
+    write_bytes(path, with_tensor(good_bytes, name, "I64", last.shape, int64_bytes(static_cast<std::size_t>(last.size()))));
+    const io::mapped_safetensors file(path);
+    expect_input_error([&] { io::load_parameters(target, file, "layers.3."); }, "load_parameters", name,
+                       "a tensor of dtype F64, F32, F16 or BF16 (what difftx decodes) in " + label, "dtype I64");
+    expect_input_error([&] { io::load_parameters(target, io::read_safetensors(path), label, "layers.3."); },
+                       "load_parameters", name, "F64, F32, F16 or BF16", "dtype I64");
+  }
+  SUBCASE("misshapen") {
+    write_bytes(path, with_tensor(good_bytes, name, "F32", {1}, std::vector<std::byte>(4)));
+    const io::mapped_safetensors file(path);
+    expect_input_error([&] { io::load_parameters(target, file, "layers.3."); }, "load_parameters", name,
+                       "shape " + shape_string(last.shape) + " in " + label, "shape [1]");
+  }
+  SUBCASE("a name asked of the file itself") {
+    const io::mapped_safetensors file(path);
+    expect_input_error([&] { file.at("nope"); }, "mapped_safetensors", "nope", "a tensor named 'nope' in " + label,
+                       "no such tensor (" + std::to_string(all_but_last.tensors.size()) + " tensors in the file)");
+  }
+  CHECK(parameter_values(target) == before);
+}
+
+namespace {
+
+// Memory that reports itself as a device's and keeps every byte XOR-ed, so a
+// load that writes parameters through their pointers instead of uploading
+// them reads back garbage.
+class scrambled_memory final : public memory_resource {
+ public:
+  void* allocate(std::size_t bytes) override { return host_memory().allocate(bytes); }
+  void deallocate(void* p, std::size_t bytes) noexcept override { host_memory().deallocate(p, bytes); }
+  void copy(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void zero(void* p, std::size_t bytes) override { std::memset(p, 0x5a, bytes); }
+  void upload(void* dst, const void* src, std::size_t bytes) override { scramble(dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) override { scramble(dst, src, bytes); }
+  memory_space space() const noexcept override { return memory_space::device; }
+
+ private:
+  static void scramble(void* dst, const void* src, std::size_t bytes) {
+    for (std::size_t i = 0; i < bytes; ++i)
+      static_cast<unsigned char*>(dst)[i] = static_cast<const unsigned char*>(src)[i] ^ 0x5a;
+  }
+};
+
+// Two parameters of different sizes in that memory: all load_parameters needs of a module.
+struct device_module {
+  using value_type = Eigen::bfloat16;
+  Parameter<Eigen::bfloat16, 2> weight;
+  Parameter<Eigen::bfloat16, 1> bias;
+  explicit device_module(memory_resource& memory) : weight({3, 4}, memory), bias({4}, memory) {}
+  std::vector<parameter_ref<Eigen::bfloat16>> parameters() { return {weight.ref("weight"), bias.ref("bias")}; }
+};
+
+}  // namespace
+
+TEST_CASE("mapped safetensors: parameters in device memory are uploaded") {
+  test_support::temp_folder folder;
+  scrambled_memory memory;
+  device_module module(memory);
+  io::tensor_file f;
+  f.tensors["weight"] = io::stored_tensor::from_values(io::dtype::f32, {3, 4}, values_in(io::dtype::bf16, 12, 21));
+  f.tensors["bias"] = io::stored_tensor::from_values(io::dtype::bf16, {4}, values_in(io::dtype::bf16, 4, 22));
+  io::write_safetensors(folder / "w.safetensors", f);
+  io::load_parameters(module, io::mapped_safetensors(folder / "w.safetensors"));
+  for (const auto& p : module.parameters()) {
+    INFO(p.name);
+    std::vector<Eigen::bfloat16> host(static_cast<std::size_t>(p.size()));
+    memory.download(host.data(), p.value, host.size() * sizeof(Eigen::bfloat16));
+    const auto expected = f.tensors.at(p.name).values();
+    for (std::size_t i = 0; i < host.size(); ++i) CHECK(scalar_traits<Eigen::bfloat16>::to_double(host[i]) == expected[i]);
   }
 }
 

@@ -30,11 +30,16 @@
 
 namespace difftx::io {
 
-// Every byte of a regular file; `where` names the reader in the error.
-inline std::vector<std::byte> read_file_bytes(const std::filesystem::path& path, std::string_view where) {
+// Throws input_error naming `where` and the path unless path is a regular file.
+inline void require_regular_file(const std::filesystem::path& path, std::string_view where) {
   std::error_code ec;
   require(std::filesystem::is_regular_file(path, ec), where, path.string(), "a readable file",
           std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
+}
+
+// Every byte of a regular file; `where` names the reader in the error.
+inline std::vector<std::byte> read_file_bytes(const std::filesystem::path& path, std::string_view where) {
+  require_regular_file(path, where);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   require(static_cast<bool>(in), where, path.string(), "a readable file", "cannot open it");
   const auto size = static_cast<std::size_t>(in.tellg());

@@ -1,5 +1,6 @@
-// The element types difftx files carry, and conversion between their bytes
-// and any difftx::Scalar (through double, which holds every one exactly).
+// The element types difftx decodes and writes, and conversion between their
+// bytes and any difftx::Scalar (through double, which holds every one exactly,
+// or a plain copy where the Scalar's bits are the file's).
 #pragma once
 
 #include <bit>
@@ -9,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
@@ -83,6 +85,47 @@ inline double decode_one(dtype t, const std::byte* p) noexcept {
   std::uint16_t raw;
   std::memcpy(&raw, p, 2);
   return static_cast<float>(Eigen::numext::bit_cast<Eigen::bfloat16>(raw));
+}
+
+// The dtype whose bytes are T's own, if any: decoding it into T is a copy.
+template <class T>
+inline constexpr std::optional<dtype> dtype_of = std::nullopt;
+template <>
+inline constexpr std::optional<dtype> dtype_of<double> = dtype::f64;
+template <>
+inline constexpr std::optional<dtype> dtype_of<float> = dtype::f32;
+template <>
+inline constexpr std::optional<dtype> dtype_of<Eigen::half> = dtype::f16;
+template <>
+inline constexpr std::optional<dtype> dtype_of<Eigen::bfloat16> = dtype::bf16;
+
+// Decodes count elements of type t at bytes (unaligned is fine) into out as T:
+// a copy where T's bits are t's own, otherwise each element through
+// scalar_traits<T>::from_double, so the values are exactly those of decode()
+// then from_double, without a vector of doubles in between.
+template <Scalar T>
+void decode_into(dtype t, const std::byte* bytes, std::size_t count, T* out) noexcept {
+  if (count == 0) return;
+  if constexpr (dtype_of<T>.has_value()) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) == size_of(*dtype_of<T>));
+    if (t == *dtype_of<T>) {
+      std::memcpy(out, bytes, count * sizeof(T));
+      return;
+    }
+  }
+  const auto convert = [&]<class Stored>() {
+    for (std::size_t i = 0; i < count; ++i) {
+      Stored s;
+      std::memcpy(&s, bytes + i * sizeof(Stored), sizeof(Stored));
+      out[i] = scalar_traits<T>::from_double(scalar_traits<Stored>::to_double(s));
+    }
+  };
+  switch (t) {
+    case dtype::f64: return convert.template operator()<double>();
+    case dtype::f32: return convert.template operator()<float>();
+    case dtype::f16: return convert.template operator()<Eigen::half>();
+    case dtype::bf16: return convert.template operator()<Eigen::bfloat16>();
+  }
 }
 
 // Stores value as type t at p, rounding to nearest even where t is narrower.

@@ -1,6 +1,7 @@
 // Named tensors in memory, as files hold them: element type, shape and raw
 // little-endian bytes. safetensors files map onto a tensor_file; an .npy file
-// onto one stored_tensor.
+// onto one stored_tensor. (mapped_safetensors reads a safetensors file without
+// copying its tensors into memory.)
 #pragma once
 
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include "difftx/core/checks.hpp"
 #include "difftx/io/dtype.hpp"
+#include "difftx/io/tensor_ref.hpp"
 
 namespace difftx::io {
 
@@ -25,6 +27,7 @@ struct stored_tensor {
     return n;
   }
   std::vector<double> values() const { return decode(type, bytes.data(), static_cast<std::size_t>(size())); }
+  tensor_ref ref() const noexcept { return {safetensors_name(type), type, shape, bytes}; }
 
   static stored_tensor from_values(dtype type, std::vector<index_t> shape, const std::vector<double>& values) {
     return {type, std::move(shape), encode(type, values)};
@@ -58,9 +61,7 @@ struct stored_tensor {
     require(shape == std::vector<index_t>(expected.begin(), expected.end()), where, name,
             "shape " + shape_string(expected), "shape " + shape_string(shape));
     Tensor<T, R> out(expected);
-    const auto count = static_cast<std::size_t>(out.size());
-    for (std::size_t i = 0; i < count; ++i)
-      out.data()[i] = scalar_traits<T>::from_double(decode_one(type, bytes.data() + i * size_of(type)));
+    decode_into(type, bytes.data(), static_cast<std::size_t>(out.size()), out.data());
     return out;
   }
 };
@@ -68,15 +69,20 @@ struct stored_tensor {
 struct tensor_file {
   std::map<std::string, std::string> metadata;
   std::map<std::string, stored_tensor> tensors;
+  // The file's tensors in a dtype difftx does not decode (I64, U8, ...): name
+  // -> dtype as the file spells it. Listed so that asking for one says why;
+  // writing a tensor_file leaves them out.
+  std::map<std::string, std::string> undecodable;
 
   bool contains(const std::string& name) const { return tensors.count(name) != 0; }
 
-  // The tensor called name; `where` and `label` (the file) name the error.
+  // The tensor called name; `where` and `label` (the file) name the error
+  // when there is none or it is one of the undecodable.
   const stored_tensor& at(const std::string& name, std::string_view where, std::string_view label) const {
-    auto it = tensors.find(name);
-    require(it != tensors.end(), where, name, "a tensor named '" + name + "' in " + std::string(label),
-            "no such tensor (" + std::to_string(tensors.size()) + " tensors in the file)");
-    return it->second;
+    if (auto it = tensors.find(name); it != tensors.end()) return it->second;
+    if (auto it = undecodable.find(name); it != undecodable.end())
+      throw detail::undecodable_tensor(where, name, label, it->second);
+    throw detail::missing_tensor(where, name, label, tensors.size() + undecodable.size());
   }
   const std::string& meta(const std::string& key, std::string_view where, std::string_view label) const {
     auto it = metadata.find(key);
