@@ -13,13 +13,20 @@ Times, for the same shapes and thread count:
     Both are written here from the spec (RoPE interleaved, grouped heads,
     subln, lambda), forward and forward + backward (autograd, w.r.t. the input
     and every parameter);
-  - the fused attention op alone next to Eigen's SGEMM, from the same binary.
+  - the fused attention op alone next to Eigen's SGEMM, from the same binary;
+  - with --decode, PyTorch alone: one cached decode step of MultiHead (the new
+    token's projections, interleaved RoPE at its absolute position, k/v written
+    into a preallocated cache, the two maps over the cached keys, subln,
+    out_proj; under torch.inference_mode()), with the cache already filled to
+    --context tokens, per thread count, next to a full forward over context + 1
+    tokens; the step's output is first checked against that full forward.
 
 Writes docs/benchmarks.json, prints the Markdown tables for docs/benchmarks.md,
 and draws docs/benchmarks_cpu.png (time vs N). Run from the repository root:
 
     python3 benchmarks/peer_pytorch.py [--threads 2] [--lengths 512 1024 2048 4096]
     /usr/bin/time -v python3 benchmarks/peer_pytorch.py --memory naive 4096   # peak memory of one recipe
+    python3 benchmarks/peer_pytorch.py --decode --context 1024 [--decode-threads 1 2]   # cached decode step
 
 needs torch (>= 2.0 for the sdpa recipe), numpy and matplotlib.
 """
@@ -114,6 +121,162 @@ def time_torch(module, n, backward, repeats):
     return statistics.median(times) * 1e3
 
 
+def set_threads(n):
+    """torch.set_num_threads(n), and the same for an OpenBLAS loaded into the process
+    (Debian's python3-torch calls the system BLAS, which torch.set_num_threads leaves
+    at all cores: OpenBLAS would split even a one-row GEMM over both cores of a
+    "1 thread" row)."""
+    torch.set_num_threads(n)
+    try:
+        import ctypes
+        with open("/proc/self/maps") as maps:
+            libs = {line.split()[-1] for line in maps if "openblas" in line.split()[-1]}
+        for lib in libs:
+            blas = ctypes.CDLL(lib)
+            if hasattr(blas, "openblas_set_num_threads"):
+                blas.openblas_set_num_threads(n)
+    except OSError:
+        pass
+
+
+# --- cached decode in PyTorch ---------------------------------------------------
+
+class DiffDecoder:
+    """A DiffMultiHead's KV cache and its one-token decode step, written the way an
+    inference user writes it in PyTorch: key/value caches preallocated to
+    `capacity` positions (head-major, [B, 2h, capacity, D] and [B, h, capacity, 2D],
+    the layout of Hugging Face's StaticCache, so a head's cached keys are one
+    contiguous block; no torch.cat per step), RoPE tables and lambda computed once
+    (the weights are frozen), and per step: the new token's q/k/v projections,
+    RoPE at its absolute position (= the cache length), k/v written into that
+    slot, the two maps over the cached keys [0, L] (no mask: the one query is the
+    last position), O = A1 V - lambda A2 V, subln scaled by (1 - lambda_init),
+    out_proj. recipe "sdpa": two scaled_dot_product_attention calls on the cache
+    slice (PyTorch >= 2.0); "explicit": both maps in one batched product, softmax,
+    then (A1 - lambda A2) V (what the step is without SDPA, e.g. PyTorch 1.13)."""
+
+    def __init__(self, module, batch, capacity, recipe, theta=10000.0):
+        w = module.q_proj.weight
+        self.m, self.recipe, self.length = module, recipe, 0
+        self.k = torch.zeros(batch, 2 * H, capacity, D, dtype=w.dtype, device=w.device)
+        self.v = torch.zeros(batch, H, capacity, 2 * D, dtype=w.dtype, device=w.device)
+        inv = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # the same angles as rope() above
+        ang = torch.arange(capacity, dtype=torch.float64)[:, None] * inv[None, :]
+        self.cos, self.sin = ang.cos().to(w.dtype), ang.sin().to(w.dtype)  # [capacity, D/2]
+        with torch.no_grad():
+            m = module
+            self.lam = (torch.exp((m.lambda_q1 * m.lambda_k1).sum()) - torch.exp((m.lambda_q2 * m.lambda_k2).sum())
+                        + m.lambda_init)
+        self.out_scale = 1 - module.lambda_init
+
+    def prefill(self, x):
+        """Fills the cache with the keys and values of x [B, N, C] at positions 0..N-1."""
+        b, n, _ = x.shape
+        self.k[:, :, :n] = rope(self.m.k_proj(x).view(b, n, 2 * H, D)).transpose(1, 2)
+        self.v[:, :, :n] = self.m.v_proj(x).view(b, n, H, 2 * D).transpose(1, 2)
+        self.length = n
+
+    def _rope(self, x, pos):  # x [B, V, D] at one position
+        cos, sin = self.cos[pos], self.sin[pos]
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+    def step(self, x):
+        """x [B, 1, C], the token at position L = self.length; returns its MultiHead output [B, 1, C]."""
+        b, pos = x.shape[0], self.length
+        q = self._rope(self.m.q_proj(x).view(b, 2 * H, D), pos)
+        self.k[:, :, pos] = self._rope(self.m.k_proj(x).view(b, 2 * H, D), pos)
+        self.v[:, :, pos] = self.m.v_proj(x).view(b, H, 2 * D)
+        self.length = n = pos + 1
+        k = self.k[:, :, :n].view(b, H, 2, n, D)  # head i's two key halves are cache heads 2i and 2i + 1
+        v = self.v[:, :, :n]                      # [B, H, L + 1, 2D]
+        q = q.view(b, H, 2, 1, D)
+        if self.recipe == "sdpa":
+            o1 = F.scaled_dot_product_attention(q[:, :, 0], k[:, :, 0], v)  # [B, H, 1, 2D]
+            o2 = F.scaled_dot_product_attention(q[:, :, 1], k[:, :, 1], v)
+            o = o1 - self.lam * o2
+        else:
+            a = torch.softmax((q * D ** -0.5) @ k.transpose(-1, -2), dim=-1)  # [B, H, 2, 1, L + 1]
+            o = (a[:, :, 0] - self.lam * a[:, :, 1]) @ v                     # [B, H, 1, 2D]
+        o = rmsnorm(o, self.m.subln) * self.out_scale
+        return self.m.out_proj(o.reshape(b, 1, 2 * H * D))
+
+
+def check_decode(recipe, context, batch=1):
+    """The decode step's output at position L against the last row of a causal full
+    forward (the naive recipe, same weights) over L + 1 tokens, both in float32: after
+    prefilling L = context tokens, and stepping token by token from an empty cache."""
+    module = DiffMultiHead(recipe="naive")
+    errors = []
+    with torch.inference_mode():
+        x = torch.randn(batch, context + 1, C)
+        full = module(x)
+        dec = DiffDecoder(module, batch, context + 1, recipe)
+        dec.prefill(x[:, :context])
+        y, ref = dec.step(x[:, context:]), full[:, -1:]
+        errors.append(((y - ref).abs().max().item(), ref.abs().max().item()))
+        n = 16
+        dec = DiffDecoder(module, batch, n, recipe)
+        y, ref = torch.cat([dec.step(x[:, i:i + 1]) for i in range(n)], dim=1), module(x[:, :n])
+        errors.append(((y - ref).abs().max().item(), ref.abs().max().item()))
+    return errors  # (max |decode - full|, max |full|) for each
+
+
+def time_decode(recipe, context, batch, warmup, repeats):
+    """Median seconds of one decode step with the cache filled to `context` tokens
+    (the length is reset before every call, so every timed step attends to context + 1 keys)."""
+    module = DiffMultiHead(recipe="naive")
+    with torch.inference_mode():
+        dec = DiffDecoder(module, batch, context + 1, recipe)
+        dec.prefill(torch.randn(batch, context, C))
+        x = torch.randn(batch, 1, C)
+        times = []
+        for i in range(warmup + repeats):
+            dec.length = context
+            t0 = time.perf_counter()
+            dec.step(x)
+            t1 = time.perf_counter()
+            if i >= warmup:
+                times.append(t1 - t0)
+    return statistics.median(times)
+
+
+def run_decode(args):
+    has_sdpa = hasattr(F, "scaled_dot_product_attention")
+    recipe = "sdpa" if has_sdpa else "explicit"
+    set_threads(max(args.decode_threads))
+    (d0, y0), (d1, y1) = check_decode(recipe, args.context, args.batch)
+    ok = max(d0 / y0, d1 / y1) < 1e-5
+    print(f"check ({recipe}, float32): the decode step at L = {args.context} against the last row of a causal full "
+          f"forward over {args.context + 1} tokens: max |diff| = {d0:.2e} (max |y| = {y0:.2e}); 16 steps from an "
+          f"empty cache against a forward over 16 tokens: max |diff| = {d1:.2e} (max |y| = {y1:.2e}); "
+          f"{'pass' if ok else 'FAIL'} (relative bound 1e-5)", file=sys.stderr)
+    if not ok:
+        sys.exit(1)
+    rows = []
+    for t in args.decode_threads:
+        set_threads(t)
+        step = time_decode(recipe, args.context, args.batch, args.warmup, args.decode_repeats)
+        row = {"threads": t, "batch": args.batch, "context": args.context, "recipe": recipe,
+               "decode_step_us": step * 1e6, "tokens_per_s": args.batch / step}
+        with torch.inference_mode():
+            for r in ("naive", "sdpa") if has_sdpa else ("naive",):
+                row[f"full_forward_{r}_ms"] = time_torch(DiffMultiHead(recipe=r), args.context + 1, False, args.repeats)
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    print(f"MultiHead cached decode step, B = {args.batch}, C = {C}, h = {H}, D = {D}, float32, cache filled to "
+          f"{args.context} tokens (PyTorch {torch.__version__}, {recipe} maps, torch.inference_mode()); step: median "
+          f"of {args.decode_repeats} after {args.warmup} warm-ups; full forward over {args.context + 1} tokens "
+          f"(causal, no cache): median of {args.repeats}\n")
+    fulls = [k for k in rows[0] if k.startswith("full_forward_")]
+    print("| threads | decode step µs | tokens/s | " + " | ".join(
+        f"full forward {k.split('_')[2]} ms" for k in fulls) + " |")
+    print("|---:|---:|---:|" + "---:|" * len(fulls))
+    for r in rows:
+        print(f"| {r['threads']} | {r['decode_step_us']:.1f} | {r['tokens_per_s']:.0f} | " +
+              " | ".join(f"{r[k]:.1f}" for k in fulls) + " |")
+
+
 # --- difftx through its Google Benchmark binary -------------------------------
 
 def run_difftx(binary, lengths, threads, min_time):
@@ -141,13 +304,23 @@ def main():
     ap.add_argument("--out", default="docs")
     ap.add_argument("--memory", nargs=2, metavar=("RECIPE", "N"),
                     help="only run one forward + backward of RECIPE (naive or sdpa) at length N, for /usr/bin/time -v")
+    ap.add_argument("--decode", action="store_true",
+                    help="only time PyTorch's cached decode step of MultiHead (checked first against a full forward)")
+    ap.add_argument("--context", type=int, default=1024, help="--decode: tokens already in the cache")
+    ap.add_argument("--batch", type=int, default=1, help="--decode: sequences decoded together")
+    ap.add_argument("--decode-threads", type=int, nargs="+", default=[1, 2], help="--decode: thread counts")
+    ap.add_argument("--decode-repeats", type=int, default=500, help="--decode: timed steps per thread count")
+    ap.add_argument("--warmup", type=int, default=50, help="--decode: untimed steps first")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     torch.manual_seed(0)
     has_sdpa = hasattr(F, "scaled_dot_product_attention")
     if args.memory:
         recipe, n = args.memory[0], int(args.memory[1])
         print(f"{recipe} N={n}: forward + backward {time_torch(DiffMultiHead(recipe=recipe), n, True, 0):.0f} ms")
+        return
+    if args.decode:
+        run_decode(args)
         return
 
     ours = run_difftx(args.binary, args.lengths, args.threads, args.min_time)

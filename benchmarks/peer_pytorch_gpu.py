@@ -23,6 +23,17 @@ Writes docs/benchmarks_gpu.json and prints the Markdown tables for
 docs/benchmarks.md. Run from the repository root on the GPU machine:
 
     python3 benchmarks/peer_pytorch_gpu.py [--binary build/release/benchmarks/difftx_cuda_bench]
+
+With --decode it times PyTorch alone: one cached decode step (C = 3072, h = 12,
+D = 128, bfloat16, the cache already filled to --context tokens, batches 1 and
+32; CUDA events): the new token's projections, interleaved RoPE at its absolute
+position, k/v written into a preallocated cache, the maps over the cached keys
+through scaled_dot_product_attention (non-causal: the one query is the last
+position), subln, out_proj, under torch.inference_mode(); for MultiHead with
+two SDPA calls (sdpa) and four (sdpa4), and for the baseline with 2h heads of D.
+It first checks each step against a full causal forward in float32:
+
+    python3 benchmarks/peer_pytorch_gpu.py --decode [--context 4096] [--batches 1 32]
 """
 
 import argparse
@@ -56,12 +67,12 @@ def rmsnorm(x, w, eps=1e-5):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
-def sdpa(q, k, v, backend):
+def sdpa(q, k, v, backend, causal=True):
     if backend is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     from torch.nn.attention import sdpa_kernel
     with sdpa_kernel([backend]):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 class DiffMultiHead(torch.nn.Module):
@@ -139,8 +150,8 @@ class DecoderLayer(torch.nn.Module):
         return self.down(F.silu(self.gate(z)) * self.up(z)) + y
 
 
-def time_cuda(fn, repeats):
-    for _ in range(2):
+def time_cuda(fn, repeats, warmup=2):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
@@ -170,6 +181,181 @@ def time_module(module, c, n, backward, repeats):
         return f"n/a ({str(error).splitlines()[0][:60]})"
 
 
+# --- cached decode in PyTorch ---------------------------------------------------
+
+def rope_tables(capacity, dtype, device, theta=10000.0):
+    """cos and sin [capacity, D/2] of the angles rope() uses, computed once."""
+    inv = theta ** (-torch.arange(0, D, 2, dtype=torch.float64, device=device) / D)
+    ang = torch.arange(capacity, dtype=torch.float64, device=device)[:, None] * inv[None, :]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def rope_at(x, cos, sin):
+    """Interleaved RoPE of x [B, V, D], all at the one position whose table rows are cos, sin [D/2]."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+class DiffDecoder:
+    """A DiffMultiHead's KV cache and its one-token decode step, written the way an
+    inference user writes it: caches preallocated to `capacity` positions
+    (head-major as Hugging Face's StaticCache: keys [B, 2h, capacity, D], values
+    [B, h, capacity, 2D]; no torch.cat per step), RoPE tables and lambda computed
+    once, and per step the new token's q/k/v projections, RoPE at its absolute
+    position (= the cache length), k/v written into that slot, the two maps over
+    the cache slice [0, L] through SDPA (non-causal: the one query is the last
+    position), O = A1 V - lambda A2 V, subln scaled by (1 - lambda_init), out_proj.
+    The module's recipe picks two SDPA calls with the 2D-wide V (sdpa) or four
+    with V in halves (sdpa4); its backend, if set, is forced."""
+
+    def __init__(self, module, batch, capacity):
+        w, h = module.q_proj.weight, module.h
+        self.m, self.h, self.length = module, h, 0
+        self.k = torch.zeros(batch, 2 * h, capacity, D, dtype=w.dtype, device=w.device)
+        self.v = torch.zeros(batch, h, capacity, 2 * D, dtype=w.dtype, device=w.device)
+        self.cos, self.sin = rope_tables(capacity, w.dtype, w.device)
+        with torch.no_grad():
+            m = module
+            self.lam = (torch.exp((m.lambda_q1 * m.lambda_k1).sum().float())
+                        - torch.exp((m.lambda_q2 * m.lambda_k2).sum().float()) + m.lambda_init).to(w.dtype)
+        self.out_scale = 1 - module.lambda_init
+
+    def prefill(self, x):
+        """Fills the cache with the keys and values of x [B, N, C] at positions 0..N-1."""
+        b, n, _ = x.shape
+        self.k[:, :, :n] = rope(self.m.k_proj(x).view(b, n, 2 * self.h, D)).transpose(1, 2)
+        self.v[:, :, :n] = self.m.v_proj(x).view(b, n, self.h, 2 * D).transpose(1, 2)
+        self.length = n
+
+    def step(self, x):
+        """x [B, 1, C], the token at position L = self.length; returns its MultiHead output [B, 1, C]."""
+        b, h, pos, backend = x.shape[0], self.h, self.length, self.m.backend
+        cos, sin = self.cos[pos], self.sin[pos]
+        q = rope_at(self.m.q_proj(x).view(b, 2 * h, D), cos, sin).view(b, h, 2, 1, D)
+        self.k[:, :, pos] = rope_at(self.m.k_proj(x).view(b, 2 * h, D), cos, sin)
+        self.v[:, :, pos] = self.m.v_proj(x).view(b, h, 2 * D)
+        self.length = n = pos + 1
+        k = self.k[:, :, :n].view(b, h, 2, n, D)  # head i's two key halves are cache heads 2i and 2i + 1
+        v = self.v[:, :, :n]                      # [B, h, L + 1, 2D]
+        if self.m.recipe == "sdpa4":
+            v1, v2 = v[..., :D], v[..., D:]
+            o1 = torch.cat([sdpa(q[:, :, 0], k[:, :, 0], v1, backend, False),
+                            sdpa(q[:, :, 0], k[:, :, 0], v2, backend, False)], dim=-1)
+            o2 = torch.cat([sdpa(q[:, :, 1], k[:, :, 1], v1, backend, False),
+                            sdpa(q[:, :, 1], k[:, :, 1], v2, backend, False)], dim=-1)
+        else:
+            o1 = sdpa(q[:, :, 0], k[:, :, 0], v, backend, False)  # [B, h, 1, 2D]
+            o2 = sdpa(q[:, :, 1], k[:, :, 1], v, backend, False)
+        o = rmsnorm(o1 - self.lam * o2, self.m.subln) * self.out_scale
+        return self.m.out_proj(o.reshape(b, 1, 2 * h * D))
+
+
+class BaselineDecoder:
+    """The same for BaselineAttention (2h heads of D): caches [B, 2h, capacity, D]."""
+
+    def __init__(self, module, batch, capacity):
+        w = module.qkv.weight
+        self.m, self.length = module, 0
+        self.k = torch.zeros(batch, module.h2, capacity, D, dtype=w.dtype, device=w.device)
+        self.v = torch.zeros(batch, module.h2, capacity, D, dtype=w.dtype, device=w.device)
+        self.cos, self.sin = rope_tables(capacity, w.dtype, w.device)
+
+    def prefill(self, x):
+        b, n, _ = x.shape
+        _, k, v = self.m.qkv(x).view(b, n, 3, self.m.h2, D).unbind(2)
+        self.k[:, :, :n] = rope(k).transpose(1, 2)
+        self.v[:, :, :n] = v.transpose(1, 2)
+        self.length = n
+
+    def step(self, x):
+        b, h2, pos = x.shape[0], self.m.h2, self.length
+        cos, sin = self.cos[pos], self.sin[pos]
+        q, k, v = self.m.qkv(x).view(b, 3, h2, D).unbind(1)
+        self.k[:, :, pos] = rope_at(k, cos, sin)
+        self.v[:, :, pos] = v
+        self.length = n = pos + 1
+        o = sdpa(rope_at(q, cos, sin).unsqueeze(2), self.k[:, :, :n], self.v[:, :, :n], self.m.backend, False)
+        return self.m.out_proj(o.reshape(b, 1, h2 * D))  # o [B, 2h, 1, D]
+
+
+def decode_recipes(c, h):
+    return {"MultiHead sdpa": lambda: DiffMultiHead(c, h, "sdpa"),
+            "MultiHead sdpa4": lambda: DiffMultiHead(c, h, "sdpa4"),
+            "baseline (2h heads)": lambda: BaselineAttention(c, h)}
+
+
+def decoder_for(module, batch, capacity):
+    return (BaselineDecoder if isinstance(module, BaselineAttention) else DiffDecoder)(module, batch, capacity)
+
+
+def check_decode(c, h, context, device):
+    """Each recipe's decode step at position L = context against the last row of its
+    module's causal full forward over L + 1 tokens (float32, same weights): returns
+    {recipe: (max |diff|, max |full|)}."""
+    out = {}
+    with torch.inference_mode():
+        x = torch.randn(2, context + 1, c, device=device)
+        for name, make in decode_recipes(c, h).items():
+            module = make().to(device)
+            full = module(x)[:, -1:]
+            dec = decoder_for(module, 2, context + 1)
+            dec.prefill(x[:, :context])
+            y = dec.step(x[:, context:])
+            out[name] = ((y - full).abs().max().item(), full.abs().max().item())
+    return out
+
+
+def time_decode(module, batch, context, warmup, repeats):
+    """CUDA-event median ms of one decode step with the cache filled to `context`
+    tokens (the length is reset before every call: each step attends to context + 1 keys)."""
+    c = module.out_proj.weight.shape[0]
+    with torch.inference_mode():
+        dec = decoder_for(module, batch, context + 1)
+        dec.prefill(torch.randn(batch, context, c, device="cuda", dtype=DT))
+        x = torch.randn(batch, 1, c, device="cuda", dtype=DT)
+
+        def step():
+            dec.length = context
+            dec.step(x)
+        return time_cuda(step, repeats, warmup)
+
+
+def run_decode(args):
+    c, h = 3072, 12
+    device = "cuda"
+    checks = check_decode(c, h, 256, device)
+    ok = all(d <= 1e-4 * y for d, y in checks.values())
+    for name, (d, y) in checks.items():
+        print(f"check {name} (float32, L = 256): max |decode - full forward's last row| = {d:.2e} "
+              f"(max |y| = {y:.2e})", file=sys.stderr)
+    print(f"check: {'pass' if ok else 'FAIL'} (relative bound 1e-4)", file=sys.stderr)
+    if not ok:
+        sys.exit(1)
+    rows = []
+    for name, make in decode_recipes(c, h).items():
+        module = make().cuda().to(DT)
+        for batch in args.batches:
+            row = {"recipe": name, "C": c, "h": h, "D": D, "batch": batch, "context": args.context}
+            try:
+                ms = time_decode(module, batch, args.context, args.warmup, args.decode_repeats)
+                row.update(step_ms=ms, tokens_per_s=batch / ms * 1e3)
+            except RuntimeError as error:
+                row.update(step_ms=None, tokens_per_s=None, error=str(error).splitlines()[0][:80])
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+        del module
+        torch.cuda.empty_cache()
+    print(f"Cached decode step, GPU: {torch.cuda.get_device_name()}, PyTorch {torch.__version__} "
+          f"(CUDA {torch.version.cuda}), C = {c}, h = {h}, D = {D}, bfloat16, cache filled to {args.context} tokens, "
+          f"SDPA's own backend choice, torch.inference_mode(), eager; CUDA-event medians of {args.decode_repeats} "
+          f"after {args.warmup} warm-ups\n")
+    print("| recipe | batch | step ms | tokens/s |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['recipe']} | {r['batch']} | " + (f"{r['step_ms']:.3f} | {r['tokens_per_s']:.0f} |"
+              if r["step_ms"] is not None else f"n/a ({r['error']}) | n/a |"))
+
+
 def run_difftx(binary):
     out = subprocess.run([binary, "--benchmark_format=json"], check=True, capture_output=True, text=True)
     return {b["name"].replace("/manual_time", ""): b for b in json.loads(out.stdout)["benchmarks"]}
@@ -180,8 +366,16 @@ def main():
     ap.add_argument("--binary", default="build/release/benchmarks/difftx_cuda_bench")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", default="docs")
+    ap.add_argument("--decode", action="store_true", help="only time PyTorch's cached decode step (checked first)")
+    ap.add_argument("--context", type=int, default=4096, help="--decode: tokens already in the cache")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="--decode: batch sizes")
+    ap.add_argument("--decode-repeats", type=int, default=100, help="--decode: timed steps per row")
+    ap.add_argument("--warmup", type=int, default=10, help="--decode: untimed steps first")
     args = ap.parse_args()
     torch.manual_seed(0)
+    if args.decode:
+        run_decode(args)
+        return
     from torch.nn.attention import SDPBackend
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
