@@ -16,7 +16,6 @@
 #include "difftx/modules/sequences.hpp"
 #include "difftx/ops/attention.hpp"
 #include "difftx/ops/attention_decode.hpp"
-#include "difftx/ops/elementwise.hpp"
 #include "difftx/ops/diff_lambda.hpp"
 #include "difftx/policy/reference.hpp"
 
@@ -124,16 +123,18 @@ class DiffAttn {
     require_shape(where, "dq", dq, q.shape());
     require_shape(where, "dk", dk, k.shape());
     require_shape(where, "dv", dv, v.shape());
-    Tensor<accum_t<T>, 1> dlambda({1}, policy_.memory()), dlambda_sequence({1}, policy_.memory());
+    // A packed batch: lambda's gradient is a sum over its sequences, so each
+    // sequence's dlambda goes through diff_lambda_backward, which accumulates.
+    Tensor<accum_t<T>, 1> dlambda({1}, policy_.memory());
     detail::for_each_sequence(saved.sequences, [&](const auto& seq) {
       attention_backward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
                             seq.rows(o), seq.rows(saved.o2.const_view()), seq.lse(saved.lse.const_view()),
-                            seq.rows(d_o), seq.rows(dq), seq.rows(dk), seq.rows(dv), dlambda_sequence.view());
-      add_into(policy_, dlambda_sequence.const_view(), dlambda.view());
+                            seq.rows(d_o), seq.rows(dq), seq.rows(dk), seq.rows(dv), dlambda.view());
+      diff_lambda_backward(policy_, lambda_q1_.value.const_view(), lambda_k1_.value.const_view(),
+                           lambda_q2_.value.const_view(), lambda_k2_.value.const_view(), dlambda.const_view(),
+                           lambda_q1_.grad.view(), lambda_k1_.grad.view(), lambda_q2_.grad.view(),
+                           lambda_k2_.grad.view());
     });
-    diff_lambda_backward(policy_, lambda_q1_.value.const_view(), lambda_k1_.value.const_view(), lambda_q2_.value.const_view(),
-                         lambda_k2_.value.const_view(), dlambda.const_view(), lambda_q1_.grad.view(),
-                         lambda_k1_.grad.view(), lambda_q2_.grad.view(), lambda_k2_.grad.view());
   }
 
   // Decoding: q [B, T, h, 2, D], the new tokens' queries, over the keys and
