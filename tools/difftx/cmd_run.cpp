@@ -1,6 +1,5 @@
 // difftx run: one module on weights from a safetensors file and an input from
 // an .npy file; writes the output and, given dY, the input and weight gradients.
-#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <utility>
@@ -11,6 +10,7 @@
 
 #include "commands.hpp"
 #include "runner.hpp"
+#include "weight_shapes.hpp"
 
 namespace difftx::cli {
 
@@ -26,69 +26,6 @@ struct run_options {
   int threads = 0;
   std::string dtype, policy;
 };
-
-// C, D, F and (unless given) the head count from the weight shapes, each
-// checked against the others, so a wrong --heads or a wrong file says which.
-module_spec spec_from_weights(const run_options& o, const io::tensor_file& weights) {
-  const std::string& label = o.weights;
-  module_spec s{.kind = o.module, .heads = o.heads, .kv_heads = o.kv_heads, .layer_index = o.layer_index,
-                .ffn_dim = o.ffn_dim, .rope_theta = o.rope_theta, .eps = o.eps, .causal = !o.no_causal,
-                .threads = o.threads};
-  auto shape_of = [&](const std::string& name, std::size_t rank) {
-    const auto& shape = weights.at(name, "run", label).shape;
-    require(shape.size() == rank && std::all_of(shape.begin(), shape.end(), [](index_t e) { return e > 0; }), "run",
-            label + ": " + name, rank == 1 ? "a non-empty vector [n]" : "a non-empty matrix [rows, columns]",
-            "shape " + shape_string(shape));
-    return shape;
-  };
-  // heads · D, checked (--heads is at most 2^24, D a file's dimension).
-  auto rows_of = [](index_t heads, index_t head_dim, const std::string& name) {
-    return static_cast<index_t>(checked_multiply(static_cast<std::uint64_t>(heads), static_cast<std::uint64_t>(head_dim),
-                                                 max_tensor_elements, "run", name, "a row count heads · D"));
-  };
-  const std::string attn = o.module == "decoder_layer" ? "attn." : "", ffn = o.module == "decoder_layer" ? "ffn." : "";
-  if (o.module == "rmsnorm") {
-    s.d_model = shape_of("weight", 1)[0];
-    return s;
-  }
-  if (o.module == "swiglu" || o.module == "decoder_layer") {
-    const auto gate = shape_of(ffn + "gate_proj.weight", 2);  // [F, C]
-    require(o.ffn_dim == 0 || o.ffn_dim == gate[0], "run", label + ": " + ffn + "gate_proj.weight",
-            "shape [F, C] with F = " + std::to_string(o.ffn_dim) + " (--ffn-dim)", "shape " + shape_string(gate));
-    s.ffn_dim = gate[0];
-    s.d_model = gate[1];
-    if (o.module == "swiglu") return s;
-  }
-  const auto q = shape_of(attn + "q_proj.weight", 2);  // [2hD, C] (attention: [HD, C])
-  s.d_model = q[1];
-  const std::string q_name = label + ": " + attn + "q_proj.weight";
-  const index_t maps = is_differential(o.module) ? 2 : 1;
-  if (maps == 2) {
-    s.head_dim = shape_of(attn + "lambda_q1", 1)[0];
-    if (s.heads == 0) s.heads = std::max<index_t>(1, q[0] / (2 * s.head_dim));
-    const auto rows = rows_of(2 * s.heads, s.head_dim, q_name);
-    require(q[0] == rows, "run", q_name,
-            std::to_string(rows) + " rows = 2·h·D with h = " + std::to_string(s.heads) +
-                (o.heads ? " (--heads)" : "") + " and D = " + std::to_string(s.head_dim) + " (from lambda_q1)",
-            "shape " + shape_string(q));
-  } else {
-    require(q[0] % s.heads == 0, "run", q_name,
-            "rows = H·D divisible by H = " + std::to_string(s.heads) + " (--heads)", "shape " + shape_string(q));
-    s.head_dim = q[0] / s.heads;
-  }
-  if (s.kv_heads == 0) s.kv_heads = s.heads;
-  const auto k = shape_of(attn + "k_proj.weight", 2);
-  const auto k_rows = rows_of(maps * s.kv_heads, s.head_dim, label + ": " + attn + "k_proj.weight");
-  require(k[0] == k_rows, "run", label + ": " + attn + "k_proj.weight",
-          std::to_string(k_rows) + " rows = " + (maps == 2 ? "2·g·D" : "G·D") + " with " +
-              (maps == 2 ? "g = " : "G = ") + std::to_string(s.kv_heads) +
-              (o.kv_heads ? " (--kv-heads)" : " (as many as heads; see --kv-heads)") + " and D = " +
-              std::to_string(s.head_dim),
-          "shape " + shape_string(k));
-  require(s.head_dim % 2 == 0, "run", q_name, "an even head size D (RoPE rotates pairs)",
-          "D = " + std::to_string(s.head_dim));
-  return s;
-}
 
 // Two output options naming one file would keep only the last result.
 void require_distinct_outputs(const run_options& o) {
@@ -126,7 +63,10 @@ void run(const run_options& o) {
   std::unique_ptr<runner> module;
   {
     const auto weights = io::read_safetensors(o.weights);
-    module = make_runner(spec_from_weights(o, weights), o.policy, type);
+    const module_spec given{.kind = o.module, .heads = o.heads, .kv_heads = o.kv_heads, .layer_index = o.layer_index,
+                            .ffn_dim = o.ffn_dim, .rope_theta = o.rope_theta, .eps = o.eps, .causal = !o.no_causal,
+                            .threads = o.threads};
+    module = make_runner(spec_from_weights(given, weights, o.weights, "run"), o.policy, type);
     module->load(weights, o.weights);
   }
   module->set_input(io::read_npy(o.input), o.input);

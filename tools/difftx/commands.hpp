@@ -23,6 +23,7 @@ void add_run_command(CLI::App& app);
 void add_check_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_retrieval_command(CLI::App& app);  // the training demo (cmd_retrieval.cpp)
+void add_generate_command(CLI::App& app);   // greedy decoding with the KV cache (cmd_generate.cpp)
 
 // The largest count any option takes (heads, widths, lengths, indices): far
 // above any real layer, far below where products of a few counts overflow.

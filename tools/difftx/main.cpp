@@ -6,12 +6,13 @@
 #include "commands.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"difftx: Differential Transformer layers (modules, weights, checks, timings, a training demo)", "difftx"};
+  CLI::App app{"difftx: Differential Transformer layers (modules, weights, checks, timings, a training demo, generation)", "difftx"};
   app.require_subcommand(1);
   app.footer(difftx::cli::exit_codes_help);
   difftx::cli::add_run_command(app);
   difftx::cli::add_check_command(app);
   difftx::cli::add_bench_command(app);
   difftx::cli::add_retrieval_command(app);
+  difftx::cli::add_generate_command(app);
   return difftx::cli::run_app(app, argc, argv);
 }

@@ -11,10 +11,10 @@
 // seed see the same batches in the same order.
 //
 // Evaluation (evaluate()): per (N, R) of task_mix and per depth of the queried
-// needles, greedy decoding of every answer; then, on the same sequences
-// (teacher-forced), the attention of each answer-producing position, and on a
-// batch of training-mix sequences the magnitudes of attention logits and hidden
-// states.
+// needles, greedy decoding of every answer with the KV cache; on the same
+// sequences (teacher-forced, a forward that saves its state), the attention of
+// each answer-producing position; and on a batch of training-mix sequences the
+// magnitudes of attention logits and hidden states.
 #pragma once
 
 #include <algorithm>
@@ -245,13 +245,13 @@ class trainer {
         std::vector<example> examples;
         for (index_t i = 0; i < config.per_cell; ++i)
           examples.push_back(generate(task_, data, mix.needles, mix.queries, std::span(placed, static_cast<std::size_t>(mix.queries))));
-        batch b = make_batch(std::move(examples));
+        const batch b = make_batch(std::move(examples));
         // Teacher-forced forward: the attention of every answer-producing position.
         logits_.resize(model_.output_shape(b.tokens.shape()));
         model_.forward(b.tokens.view(), logits_.view(), saved);
         measure_attention(b, saved, result,
                           mix.needles == profile_cell.needles && mix.queries == profile_cell.queries && d == profile_depth);
-        decode(b, saved, cell);
+        decode(b, cell);
       }
       result.cells.push_back(cell);
     }
@@ -274,36 +274,48 @@ class trainer {
     return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
   }
 
-  // Greedy decoding of every answer token in order: a forward gives the next
-  // token of every sequence; where it differs from the sequence, it replaces
-  // that token and the sequence runs again from there, so each answer is read
-  // from a context holding the model's own earlier answers. logits_ holds the
-  // teacher-forced forward of b on entry.
-  void decode(batch& b, typename model_type::saved_type& saved, cell_result& cell) {
-    const index_t B = b.tokens.extent(0), Lv = task_.value_length;
-    std::vector<std::vector<token_t>> predicted(static_cast<std::size_t>(B));
-    std::vector<index_t> next_slot(static_cast<std::size_t>(B), 0);
-    for (;;) {
-      bool again = false;
-      for (index_t i = 0; i < B; ++i) {
-        const auto& ex = b.examples[static_cast<std::size_t>(i)];
-        const index_t slots = static_cast<index_t>(ex.queries.size()) * Lv;
-        auto& slot = next_slot[static_cast<std::size_t>(i)];
-        while (slot < slots) {
-          const index_t p = ex.queries[static_cast<std::size_t>(slot / Lv)].answer_position + slot % Lv;
-          const token_t token = detail::argmax(logits_, i, p);
-          predicted[static_cast<std::size_t>(i)].push_back(token);
-          ++slot;
-          if (token != b.tokens(i, p + 1)) {
-            b.tokens(i, p + 1) = token;
-            again = again || slot < slots;
-            break;
-          }
+  // Greedy decoding of every answer token with the KV cache, each read from a
+  // context holding the model's own earlier answers: a prefill up to the first
+  // answer-producing position, then one decode step per position, feeding the
+  // predicted token at an answer position and the sequence's own token
+  // elsewhere (the next QUERY and key). The batch steps through positions in
+  // lockstep (its sequences have one length); a position produces an answer in
+  // the sequences that have one there.
+  void decode(const batch& b, cell_result& cell) {
+    const index_t B = b.tokens.extent(0), N = b.tokens.extent(1), Lv = task_.value_length;
+    const index_t V = model_.config().vocab_size;
+    // answers[i][p]: the logits at position p of sequence i give an answer token (the token at p + 1).
+    std::vector<std::vector<bool>> answers(static_cast<std::size_t>(B), std::vector<bool>(static_cast<std::size_t>(N)));
+    index_t first = N, last = 0;
+    for (index_t i = 0; i < B; ++i)
+      for (const auto& q : b.examples[static_cast<std::size_t>(i)].queries)
+        for (index_t p = q.answer_position; p < q.answer_position + Lv; ++p) {
+          answers[static_cast<std::size_t>(i)][static_cast<std::size_t>(p)] = true;
+          first = std::min(first, p);
+          last = std::max(last, p);
         }
+
+    auto cache = model_.make_cache(B, last + 1);
+    Tensor<token_t, 2> prompt({B, first + 1}), step({B, 1});
+    for (index_t i = 0; i < B; ++i) std::copy_n(b.tokens.data() + i * N, first + 1, prompt.data() + i * (first + 1));
+    Tensor<float, 3> logits({B, first + 1, V});
+    model_.prefill(prompt.const_view(), cache, logits.view());
+    std::vector<std::vector<token_t>> predicted(static_cast<std::size_t>(B));
+    for (index_t p = first;; ++p) {
+      const index_t row = logits.extent(1) - 1;  // position p's logits: the prefill's last, or the step's
+      for (index_t i = 0; i < B; ++i) {  // the token at p + 1, fed to the next step
+        token_t next = b.tokens(i, p + 1);
+        if (answers[static_cast<std::size_t>(i)][static_cast<std::size_t>(p)]) {
+          next = detail::argmax(logits, i, row);
+          predicted[static_cast<std::size_t>(i)].push_back(next);
+        }
+        step(i, 0) = next;
       }
-      if (!again) break;
-      model_.forward(b.tokens.view(), logits_.view(), saved);
+      if (p == last) break;
+      logits.resize({B, 1, V});
+      model_.decode(step.const_view(), cache, logits.view());
     }
+
     for (index_t i = 0; i < B; ++i) {
       const auto& ex = b.examples[static_cast<std::size_t>(i)];
       for (std::size_t r = 0; r < ex.queries.size(); ++r) {

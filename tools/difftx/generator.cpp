@@ -1,0 +1,121 @@
+// make_generator: LanguageModel<DecoderLayer<T, dynamic, Policy>> for each host
+// policy of the registry (policies.hpp) and each number type. Only the
+// run-time head size is instantiated: a compiled D runs the same kernels
+// (docs/benchmarks.md), and each instantiation lengthens the build.
+#include "generator.hpp"
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "policies.hpp"
+#include "runner_impl.hpp"  // policy_threads, detail::make_policy and multihead_config
+
+namespace difftx::cli {
+
+namespace {
+
+template <class Model>
+class model_generator final : public generator {
+  using T = typename Model::value_type;
+
+ public:
+  explicit model_generator(Model model) : model_(std::move(model)) {}
+
+  void load(const io::tensor_file& weights, const std::string& label) override {
+    io::load_parameters(model_, weights, label);
+    // In T, so a float16 overflow shows too (as `difftx run` checks).
+    for (const auto& p : model_.parameters())
+      require_finite("generate", label + ": " + p.name + " as " + std::string(scalar_traits<T>::name), p.value_view());
+  }
+
+  token_t prefill(std::span<const token_t> prompt, index_t capacity) override {
+    Tensor<token_t, 2> tokens({1, static_cast<index_t>(prompt.size())});
+    std::copy(prompt.begin(), prompt.end(), tokens.data());
+    cache_ = model_.make_cache(1, capacity);
+    logits_.resize(model_.output_shape(tokens.shape()), model_.policy().memory());
+    model_.prefill(tokens.const_view(), cache_, logits_.view());
+    return last_argmax();
+  }
+
+  token_t decode(token_t token) override {
+    Tensor<token_t, 2> tokens({1, 1});
+    tokens(0, 0) = token;
+    logits_.resize(model_.output_shape(tokens.shape()), model_.policy().memory());
+    model_.decode(tokens.const_view(), cache_, logits_.view());
+    return last_argmax();
+  }
+
+  int threads() const override { return policy_threads(model_.policy()); }
+
+ private:
+  // The largest logit of the last position (the first of equal ones); a NaN
+  // or an infinity there is bad input, as `difftx run` reports a non-finite output.
+  token_t last_argmax() const {
+    const index_t V = logits_.extent(2), position = cache_.front().length(0) - 1;
+    const T* row = logits_.data() + (logits_.extent(1) - 1) * V;
+    index_t best = 0;
+    double best_value = 0;
+    for (index_t v = 0; v < V; ++v) {
+      const double x = scalar_traits<T>::to_double(row[v]);
+      if (!std::isfinite(x))
+        throw input_error("generate", "logits", "finite values from finite weights",
+                          std::to_string(x) + " for token " + std::to_string(v) + " after position " +
+                              std::to_string(position) + " as " + std::string(scalar_traits<T>::name));
+      if (v == 0 || x > best_value) {
+        best = v;
+        best_value = x;
+      }
+    }
+    return static_cast<token_t>(best);
+  }
+
+  Model model_;
+  typename Model::cache_type cache_;
+  Tensor<T, 3> logits_;  // [1, tokens of the last call, V]
+};
+
+template <class T, class Policy>
+std::unique_ptr<generator> make_model(const language_model_spec& spec) {
+  using Layer = DecoderLayer<T, dynamic, Policy>;
+  const auto policy = detail::make_policy<Policy>(spec.layer);
+  std::vector<Layer> layers;
+  layers.reserve(static_cast<std::size_t>(spec.layers));
+  for (index_t l = 0; l < spec.layers; ++l)
+    layers.emplace_back(DecoderLayerConfig{detail::multihead_config(spec.layer, l), spec.layer.ffn_dim, spec.layer.eps},
+                        policy);
+  LanguageModel<Layer> model({spec.vocab_size, spec.layer.d_model, spec.layer.eps}, std::move(layers));
+  return std::make_unique<model_generator<LanguageModel<Layer>>>(std::move(model));
+}
+
+// f(entry) for each host registry entry, in order.
+template <class F>
+void for_each_policy(F&& f) {
+  std::apply([&](auto... entries) { (f(entries), ...); }, built_policies{});
+}
+
+}  // namespace
+
+bool generates_on(std::string_view policy) {
+  bool found = false;
+  for_each_policy([&](auto entry) { found = found || policy == decltype(entry)::policy_type::name; });
+  return found;
+}
+
+std::unique_ptr<generator> make_generator(const language_model_spec& spec, std::string_view policy, io::dtype type) {
+  return with_type(type, [&]<class T>() {
+    std::unique_ptr<generator> made;
+    for_each_policy([&](auto entry) {
+      using Policy = typename decltype(entry)::policy_type;
+      if constexpr (Policy::template supports<T>)
+        if (policy == Policy::name) made = make_model<T, Policy>(spec);
+    });
+    require(made != nullptr, "make_generator", "policy",
+            "a host policy built into difftx that computes in " + std::string(scalar_traits<T>::name),
+            std::string(policy));
+    return made;
+  });
+}
+
+}  // namespace difftx::cli

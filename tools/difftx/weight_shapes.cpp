@@ -1,0 +1,69 @@
+// spec_from_weights (weight_shapes.hpp).
+#include "weight_shapes.hpp"
+
+#include <algorithm>
+
+namespace difftx::cli {
+
+module_spec spec_from_weights(const module_spec& given, const io::tensor_file& weights, const std::string& label,
+                              std::string_view where, const std::string& prefix) {
+  module_spec s = given;
+  const std::string& kind = given.kind;
+  auto named = [&](const std::string& name) { return label + ": " + prefix + name; };
+  auto shape_of = [&](const std::string& name, std::size_t rank) {
+    const auto& shape = weights.at(prefix + name, where, label).shape;
+    require(shape.size() == rank && std::all_of(shape.begin(), shape.end(), [](index_t e) { return e > 0; }), where,
+            named(name), rank == 1 ? "a non-empty vector [n]" : "a non-empty matrix [rows, columns]",
+            "shape " + shape_string(shape));
+    return shape;
+  };
+  // heads · D, checked (--heads is at most 2^24, D a file's dimension).
+  auto rows_of = [&](index_t heads, index_t head_dim, const std::string& name) {
+    return static_cast<index_t>(checked_multiply(static_cast<std::uint64_t>(heads), static_cast<std::uint64_t>(head_dim),
+                                                 max_tensor_elements, where, name, "a row count heads · D"));
+  };
+  const std::string attn = kind == "decoder_layer" ? "attn." : "", ffn = kind == "decoder_layer" ? "ffn." : "";
+  if (kind == "rmsnorm") {
+    s.d_model = shape_of("weight", 1)[0];
+    return s;
+  }
+  if (kind == "swiglu" || kind == "decoder_layer") {
+    const auto gate = shape_of(ffn + "gate_proj.weight", 2);  // [F, C]
+    require(given.ffn_dim == 0 || given.ffn_dim == gate[0], where, named(ffn + "gate_proj.weight"),
+            "shape [F, C] with F = " + std::to_string(given.ffn_dim) + " (--ffn-dim)", "shape " + shape_string(gate));
+    s.ffn_dim = gate[0];
+    s.d_model = gate[1];
+    if (kind == "swiglu") return s;
+  }
+  const auto q = shape_of(attn + "q_proj.weight", 2);  // [2hD, C] (attention: [HD, C])
+  s.d_model = q[1];
+  const std::string q_name = named(attn + "q_proj.weight");
+  const index_t maps = is_differential(kind) ? 2 : 1;
+  if (maps == 2) {
+    s.head_dim = shape_of(attn + "lambda_q1", 1)[0];
+    if (s.heads == 0) s.heads = std::max<index_t>(1, q[0] / (2 * s.head_dim));
+    const auto rows = rows_of(2 * s.heads, s.head_dim, q_name);
+    require(q[0] == rows, where, q_name,
+            std::to_string(rows) + " rows = 2·h·D with h = " + std::to_string(s.heads) +
+                (given.heads ? " (--heads)" : "") + " and D = " + std::to_string(s.head_dim) + " (from lambda_q1)",
+            "shape " + shape_string(q));
+  } else {
+    require(q[0] % s.heads == 0, where, q_name,
+            "rows = H·D divisible by H = " + std::to_string(s.heads) + " (--heads)", "shape " + shape_string(q));
+    s.head_dim = q[0] / s.heads;
+  }
+  if (s.kv_heads == 0) s.kv_heads = s.heads;
+  const auto k = shape_of(attn + "k_proj.weight", 2);
+  const auto k_rows = rows_of(maps * s.kv_heads, s.head_dim, named(attn + "k_proj.weight"));
+  require(k[0] == k_rows, where, named(attn + "k_proj.weight"),
+          std::to_string(k_rows) + " rows = " + (maps == 2 ? "2·g·D" : "G·D") + " with " +
+              (maps == 2 ? "g = " : "G = ") + std::to_string(s.kv_heads) +
+              (given.kv_heads ? " (--kv-heads)" : " (as many as heads; see --kv-heads)") + " and D = " +
+              std::to_string(s.head_dim),
+          "shape " + shape_string(k));
+  require(s.head_dim % 2 == 0, where, q_name, "an even head size D (RoPE rotates pairs)",
+          "D = " + std::to_string(s.head_dim));
+  return s;
+}
+
+}  // namespace difftx::cli
