@@ -388,15 +388,6 @@ void check_attention_decode(index_t new_tokens, index_t d, const std::vector<ind
   CHECK(difference <= testing::tolerance<T>::forward);
 }
 
-// Tokens [n0, n1) of every sequence of x [B, N, C].
-Tensor<double, 3> token_range(const Tensor<double, 3>& x, index_t n0, index_t n1) {
-  Tensor<double, 3> out({x.extent(0), n1 - n0, x.extent(2)});
-  for (index_t b = 0; b < x.extent(0); ++b)
-    for (index_t n = n0; n < n1; ++n)
-      for (index_t c = 0; c < x.extent(2); ++c) out(b, n - n0, c) = x(b, n, c);
-  return out;
-}
-
 // Prefill, then decode steps of 1 and 3 tokens on the GPU; and a packed batch
 // of three sequences; every output against the reference forward in double.
 template <class T, class Make>
@@ -416,14 +407,14 @@ void check_inference(const std::string& label, Make make, index_t C) {
   double worst = 0;
   index_t n = 0;
   for (index_t step : {prompt, index_t{1}, index_t{3}}) {
-    const auto x_step = to_device<T>(token_range(x, n, n + step), p);
+    const auto x_step = to_device<T>(test_support::token_range<double>(x, n, n + step), p);
     Tensor<T, 3> y_step(x_step.shape(), p.memory());
     if (n == 0)
       gpu.prefill(x_step, cache, y_step.view());
     else
       gpu.decode(x_step, cache, y_step.view());
     const auto y = to_host(y_step.data(), y_step.size(), p);
-    const auto expected = token_range(y_ref, n, n + step);
+    const auto expected = test_support::token_range<double>(y_ref, n, n + step);
     worst = std::max(worst, testing::normwise_difference(y.data(), expected.data(), expected.size()));
     n += step;
   }

@@ -32,21 +32,10 @@ namespace {
 
 constexpr index_t C = 16, D = 4;
 
-// Tokens [n0, n1) of every sequence of x [B, N, C], as T.
-template <class T, class R>
-Tensor<T, 3> token_range(const Tensor<R, 3>& x, index_t n0, index_t n1) {
-  Tensor<T, 3> out({x.extent(0), n1 - n0, x.extent(2)});
-  for (index_t b = 0; b < x.extent(0); ++b)
-    for (index_t n = n0; n < n1; ++n)
-      for (index_t c = 0; c < x.extent(2); ++c)
-        out(b, n - n0, c) = scalar_traits<T>::from_double(scalar_traits<R>::to_double(x(b, n, c)));
-  return out;
-}
-
 // Largest normwise difference between rows [n0, n1) of `full` and `part`.
 template <class T, class R>
 double part_difference(const Tensor<T, 3>& part, const Tensor<R, 3>& full, index_t n0) {
-  const auto expected = token_range<R>(full, n0, n0 + part.extent(1));
+  const auto expected = test_support::token_range<R>(full, n0, n0 + part.extent(1));
   return testing::normwise_difference(part.data(), expected.data(), part.size());
 }
 
@@ -113,13 +102,13 @@ double decode_against_forward(Make make, index_t batch, index_t prompt, const st
   candidate.forward(x, y_full.view());
 
   auto cache = candidate.make_cache(batch, capacity);
-  auto x0 = token_range<T>(x, 0, prompt);
+  auto x0 = test_support::token_range<T>(x, 0, prompt);
   Tensor<T, 3> y0(x0.shape());
   candidate.prefill(x0, cache, y0.view());
   double worst = part_difference(y0, y_full, 0);
   index_t n = prompt;
   for (index_t s : steps) {
-    auto xs = token_range<T>(x, n, n + s);
+    auto xs = test_support::token_range<T>(x, n, n + s);
     Tensor<T, 3> ys(xs.shape());
     candidate.decode(xs, cache, ys.view());
     worst = std::max(worst, part_difference(ys, y_full, n));
@@ -170,8 +159,8 @@ TEST_CASE("a cache filled to capacity, then the error when it overflows") {
   auto x = test_support::random_tensor<oracle_t, 3>({2, 8, C}, 4);
   auto cache = module.make_cache(2, 8);
   Tensor<double, 3> y0({2, 6, C}), y1({2, 2, C});
-  module.prefill(token_range<double>(x, 0, 6), cache, y0.view());
-  module.decode(token_range<double>(x, 6, 8), cache, y1.view());  // exactly full
+  module.prefill(test_support::token_range<double>(x, 0, 6), cache, y0.view());
+  module.decode(test_support::token_range<double>(x, 6, 8), cache, y1.view());  // exactly full
   CHECK(cache.length(0) == 8);
   CHECK(cache.length(1) == 8);
   Tensor<oracle_t, 3> full(x.shape());

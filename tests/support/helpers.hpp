@@ -1,6 +1,6 @@
 // Helpers shared by the test suites: parameter randomisation in the fixtures'
-// distributions, cross-type copies, and the check that a call throws the
-// expected input_error.
+// distributions, cross-type copies, token ranges of [B, N, C] inputs, and the
+// check that a call throws the expected input_error.
 #pragma once
 
 #include <algorithm>
@@ -53,6 +53,17 @@ difftx::Tensor<T, R> random_tensor(const difftx::shape_t<R>& shape, std::uint64_
   difftx::random_stream rng(seed);
   difftx::fill_normal(t.view(), rng, 0.0, stddev);
   return t;
+}
+
+// Tokens [n0, n1) of every sequence of x [B, N, C], as T.
+template <class T, class R>
+difftx::Tensor<T, 3> token_range(const difftx::Tensor<R, 3>& x, index_t n0, index_t n1) {
+  difftx::Tensor<T, 3> out({x.extent(0), n1 - n0, x.extent(2)});
+  for (index_t b = 0; b < x.extent(0); ++b)
+    for (index_t n = n0; n < n1; ++n)
+      for (index_t c = 0; c < x.extent(2); ++c)
+        out(b, n - n0, c) = difftx::scalar_traits<T>::from_double(difftx::scalar_traits<R>::to_double(x(b, n, c)));
+  return out;
 }
 
 // Runs f, which must throw input_error whose parts contain the given words.
