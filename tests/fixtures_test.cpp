@@ -179,3 +179,26 @@ TEST_CASE("fixture: the run-time head size (difftx::dynamic): decoder_layer at D
                                    .causal = meta_int(f, "causal") != 0, .head_dim = meta_int(f, "head_dim")});
   check_fixture(attn, "attention_causal");
 }
+
+namespace {
+MultiHeadV2Config multihead_v2_config(const io::tensor_file& f) {
+  return {.d_model = meta_int(f, "d_model"), .heads = meta_int(f, "heads"), .kv_heads = meta_int(f, "kv_heads"),
+          .rope_theta = meta_double(f, "rope_theta"), .causal = meta_int(f, "causal") != 0,
+          .head_dim = meta_int(f, "head_dim"), .differential = meta_int(f, "differential") != 0};
+}
+}  // namespace
+
+TEST_CASE("fixture: multihead_v2 (differential attention V2, and its baseline with the switch off)") {
+  for (const char* name : {"multihead_v2_causal", "multihead_v2_baseline"}) {
+    REQUIRE(meta_int(fixture(name), "head_dim") == 4);
+    MultiHeadV2<double, 4> mh(multihead_v2_config(fixture(name)));
+    check_fixture(mh, name);
+  }
+  for (const char* name : {"multihead_v2_gqa_noncausal", "multihead_v2_n1", "multihead_v2_causal"}) {
+    MultiHeadV2<double, dynamic> mh(multihead_v2_config(fixture(name)));
+    check_fixture(mh, name);
+  }
+  const auto f = fixture("decoder_layer_v2");
+  DecoderLayerV2<double, dynamic> layer({multihead_v2_config(f), meta_int(f, "ffn_dim"), meta_double(f, "eps")});
+  check_fixture(layer, "decoder_layer_v2");
+}

@@ -4,7 +4,8 @@
 This is an independent float64 PyTorch implementation of the contract in
 ../shared/spec/semantics.md (RMSNorm, SwiGLU, interleaved RoPE, the bare
 differential attention operator, multi-head differential attention, the
-baseline GQA attention and the decoder layer). It was written from the spec
+baseline GQA attention, the decoder layer, and differential attention V2
+with its layer). It was written from the spec
 alone, independently of the C++ code; every gradient comes from torch
 autograd, none is derived by hand.
 
@@ -170,6 +171,33 @@ def attention(x, p, hh, gg, dh, theta, causal):
     return torch.cat(outs, dim=-1) @ p["out_proj.weight"].T
 
 
+def multihead_v2(x, p, h, g, d, theta, causal, differential=True, pre=""):
+    """Differential attention V2 (the authors' Diff-Transformer-V2, from the
+    issue's formulas): 2h query heads of d in one GQA softmax attention with g
+    key/value heads (query head j reads group j // (2h/g)); output head i is
+    a[2i] - sigmoid(x W_lambda^T)[i] a[2i+1]; then o_proj. differential=False:
+    the authors' baseline, h query heads and no lambda."""
+    b, n, _ = x.shape
+    hq = 2 * h if differential else h
+    q = rope((x @ p[pre + "q_proj.weight"].T).reshape(b, n, hq, d), theta)
+    k = rope((x @ p[pre + "k_proj.weight"].T).reshape(b, n, g, d), theta)
+    v = (x @ p[pre + "v_proj.weight"].T).reshape(b, n, g, d)
+    r = hq // g
+    a = torch.stack([softmax_attn(q[:, :, j], k[:, :, j // r], causal) @ v[:, :, j // r] for j in range(hq)],
+                    dim=2)                                                 # [B,N,hq,d]
+    if differential:
+        lam = torch.sigmoid(x @ p[pre + "lambda_proj.weight"].T)          # [B,N,h], one per token and head
+        a = a[:, :, 0::2] - lam[..., None] * a[:, :, 1::2]
+    return a.reshape(b, n, h * d) @ p[pre + "o_proj.weight"].T
+
+
+def decoder_layer_v2(x, p, h, g, d, theta, causal, eps):
+    y = multihead_v2(rmsnorm(x, p["attn_norm.weight"], eps), p, h, g, d, theta, causal, pre="attn.") + x
+    f = swiglu(rmsnorm(y, p["ffn_norm.weight"], eps), p["ffn.gate_proj.weight"],
+               p["ffn.up_proj.weight"], p["ffn.down_proj.weight"])
+    return f + y
+
+
 def decoder_layer(x, p, h, g, d, layer_index, theta, causal, eps):
     a, lam = multihead(rmsnorm(x, p["attn_norm.weight"], eps), p, h, g, d, layer_index, theta,
                        causal, pre="attn.")
@@ -204,6 +232,15 @@ def multihead_params(c, h, g, d, pre=""):
          "v_proj.weight": proj(2 * g * d, c), "out_proj.weight": proj(c, 2 * h * d)}
     p.update(lambdas(d))
     p["subln.weight"] = norm_w(2 * d)
+    return {pre + k: v for k, v in p.items()}
+
+
+def multihead_v2_params(c, h, g, d, differential=True, pre=""):
+    hq = 2 * h if differential else h
+    p = {"q_proj.weight": proj(hq * d, c), "k_proj.weight": proj(g * d, c),
+         "v_proj.weight": proj(g * d, c), "o_proj.weight": proj(c, h * d)}
+    if differential:
+        p["lambda_proj.weight"] = proj(h, c)
     return {pre + k: v for k, v in p.items()}
 
 
@@ -431,6 +468,50 @@ def decoder_layer_d6():
     return decoder_case("decoder_layer_d6", 2, 5, 16, 2, 1, 6, 3, 24, 1e-5, 10000.0, True)
 
 
+def multihead_v2_case(name, b, n, c, h, g, d, theta, causal, differential=True):
+    x = randn(b, n, c)
+    p = multihead_v2_params(c, h, g, d, differential)
+    t, _ = run_case({"input": x}, p,
+                    lambda i, q: (multihead_v2(i["input"], q, h, g, d, theta, causal, differential), None))
+    return name, t, base_meta("multihead_v2", batch=b, seq=n, d_model=c, heads=h, kv_heads=g, head_dim=d,
+                              rope_theta=theta, causal=int(causal), differential=int(differential))
+
+
+@case
+def multihead_v2_causal():
+    return multihead_v2_case("multihead_v2_causal", 2, 5, 16, 2, 2, 4, 10000.0, True)
+
+
+@case
+def multihead_v2_gqa_noncausal():
+    # g = 2 divides the 6 query heads but not h = 3: output heads straddle groups. D = 6 runs dynamic.
+    return multihead_v2_case("multihead_v2_gqa_noncausal", 1, 7, 12, 3, 2, 6, 500.0, False)
+
+
+@case
+def multihead_v2_n1():
+    return multihead_v2_case("multihead_v2_n1", 2, 1, 8, 1, 1, 2, 10000.0, True)
+
+
+@case
+def multihead_v2_baseline():
+    return multihead_v2_case("multihead_v2_baseline", 2, 5, 16, 4, 2, 4, 10000.0, True, differential=False)
+
+
+@case
+def decoder_layer_v2_case():
+    b, n, c, h, g, d, f, eps, theta = 2, 6, 16, 2, 1, 4, 24, 1e-5, 10000.0
+    x = randn(b, n, c)
+    p = {"attn_norm.weight": norm_w(c)}
+    p.update(multihead_v2_params(c, h, g, d, pre="attn."))
+    p["ffn_norm.weight"] = norm_w(c)
+    p.update(swiglu_params(c, f, pre="ffn."))
+    t, _ = run_case({"input": x}, p, lambda i, q: (decoder_layer_v2(i["input"], q, h, g, d, theta, True, eps), None))
+    return "decoder_layer_v2", t, base_meta("decoder_layer_v2", batch=b, seq=n, d_model=c, heads=h, kv_heads=g,
+                                            head_dim=d, rope_theta=theta, causal=1, differential=1, ffn_dim=f,
+                                            eps=eps)
+
+
 # ----------------------------------------------------------------------------
 # Low-precision fixtures (--lowp), for tests/accuracy_test.cpp.
 # ----------------------------------------------------------------------------
@@ -570,10 +651,26 @@ def self_check():
     # lambda_init values.
     assert abs(lambda_init_of(0) - 0.2) < 1e-15 and abs(lambda_init_of(1) - (0.8 - 0.6 * math.exp(-0.3))) < 1e-15
 
+    # V2 with the switch off is the GQA baseline attention (o_proj named out_proj there).
+    pv = multihead_v2_params(8, 4, 2, 2, differential=False)
+    xv = randn(2, 5, 8)
+    pb = {("out_proj.weight" if k == "o_proj.weight" else k): v for k, v in pv.items()}
+    assert close(multihead_v2(xv, pv, 4, 2, 2, 10000.0, True, False), attention(xv, pb, 4, 2, 2, 10000.0, True))
+    # V2 with lambda_proj = 0 (lambda = 1/2) pairs heads as a[2i] - a[2i+1]/2, checked on the 2h-head baseline.
+    pv = multihead_v2_params(8, 2, 2, 2)
+    pv["lambda_proj.weight"] = torch.zeros_like(pv["lambda_proj.weight"])
+    wide = {"q_proj.weight": pv["q_proj.weight"], "k_proj.weight": pv["k_proj.weight"],
+            "v_proj.weight": pv["v_proj.weight"], "o_proj.weight": torch.eye(4 * 2, dtype=DT)}
+    a = multihead_v2(xv, wide, 4, 2, 2, 10000.0, True, False).reshape(2, 5, 4, 2)
+    expect = (a[:, :, 0::2] - 0.5 * a[:, :, 1::2]).reshape(2, 5, 4) @ pv["o_proj.weight"].T
+    assert close(multihead_v2(xv, pv, 2, 2, 2, 10000.0, True), expect)
+
     # Autograd agrees with finite differences on a tiny multihead (sanity of the float64 graph).
     p = multihead_params(4, 2, 1, 2)
     xs = randn(1, 3, 4).requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: multihead(x, p, 2, 1, 2, 1, 10000.0, True)[0], (xs,))
+    pv = multihead_v2_params(4, 2, 1, 2)
+    assert torch.autograd.gradcheck(lambda x: multihead_v2(x, pv, 2, 1, 2, 10000.0, True), (xs,))
     print("self-check: ok")
 
 

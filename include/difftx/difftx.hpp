@@ -21,6 +21,7 @@
 #include "difftx/modules/language_model.hpp"
 #include "difftx/modules/linear.hpp"
 #include "difftx/modules/multihead.hpp"
+#include "difftx/modules/multihead_v2.hpp"
 #include "difftx/modules/non_finite.hpp"
 #include "difftx/modules/parameter.hpp"
 #include "difftx/modules/rmsnorm.hpp"

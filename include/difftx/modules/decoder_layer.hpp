@@ -4,7 +4,8 @@
 // DecoderLayer<T, D, Policy> is the Differential Transformer layer (Attn =
 // MultiHead<T, D, Policy>); BaselineLayer<T, D, Policy> is the same layer around
 // the standard-softmax Attention<T, D, Policy>, the paper's matched baseline
-// (give it 2h heads where the differential layer has h). D may be
+// (give it 2h heads where the differential layer has h); DecoderLayerV2<T, D,
+// Policy> is the layer around differential attention V2 (MultiHeadV2). D may be
 // difftx::dynamic: the config's attention.head_dim then sets it.
 // Parameters: "attn_norm.weight", "attn.<Attn names>", "ffn_norm.weight",
 // "ffn.<SwiGLU names>".
@@ -17,6 +18,7 @@
 
 #include "difftx/modules/attention.hpp"
 #include "difftx/modules/multihead.hpp"
+#include "difftx/modules/multihead_v2.hpp"
 #include "difftx/modules/rmsnorm.hpp"
 #include "difftx/modules/swiglu.hpp"
 #include "difftx/ops/elementwise.hpp"
@@ -25,12 +27,13 @@ namespace difftx {
 
 template <class AttnConfig>
 struct BasicDecoderLayerConfig {
-  AttnConfig attention;  // MultiHeadConfig or AttentionConfig: d_model, heads, kv_heads, rope_theta, causal, ...
+  AttnConfig attention;  // MultiHeadConfig, AttentionConfig or MultiHeadV2Config: d_model, heads, kv_heads, rope_theta, causal, ...
   index_t ffn_dim = 0;   // F; 0 means default_ffn_dim(d_model)
   double eps = 1e-5;     // of attn_norm and ffn_norm (the subln's is fixed at 1e-5)
 };
 using DecoderLayerConfig = BasicDecoderLayerConfig<MultiHeadConfig>;
 using BaselineLayerConfig = BasicDecoderLayerConfig<AttentionConfig>;
+using DecoderLayerV2Config = BasicDecoderLayerConfig<MultiHeadV2Config>;
 
 template <class Attn>
 class BasicDecoderLayer {
@@ -196,5 +199,11 @@ using DecoderLayer = BasicDecoderLayer<MultiHead<T, D, Policy>>;
 template <Scalar T, index_t D, class Policy = policy::reference>
   requires supported_by<Policy, T>
 using BaselineLayer = BasicDecoderLayer<Attention<T, D, Policy>>;
+
+// The differential attention V2 layer (modules/multihead_v2.hpp): h output
+// heads of D; with attention.differential false, the authors' V2 baseline.
+template <Scalar T, index_t D, class Policy = policy::reference>
+  requires supported_by<Policy, T>
+using DecoderLayerV2 = BasicDecoderLayer<MultiHeadV2<T, D, Policy>>;
 
 }  // namespace difftx

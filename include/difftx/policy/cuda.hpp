@@ -32,6 +32,7 @@
 #include "difftx/policy/cuda/attention.cuh"
 #include "difftx/policy/cuda/attention_decode.cuh"
 #include "difftx/policy/cuda/cross_entropy.cuh"
+#include "difftx/policy/cuda/diff_heads.cuh"
 #include "difftx/policy/cuda/diff_lambda.cuh"
 #include "difftx/policy/cuda/elementwise.cuh"
 #include "difftx/policy/cuda/embedding.cuh"

@@ -9,6 +9,7 @@
 #include "difftx/policy/reference/attention.hpp"
 #include "difftx/policy/reference/attention_decode.hpp"
 #include "difftx/policy/reference/cross_entropy.hpp"
+#include "difftx/policy/reference/diff_heads.hpp"
 #include "difftx/policy/reference/diff_lambda.hpp"
 #include "difftx/policy/reference/elementwise.hpp"
 #include "difftx/policy/reference/embedding.hpp"

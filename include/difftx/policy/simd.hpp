@@ -15,6 +15,7 @@
 #include "difftx/policy/simd/attention.hpp"
 #include "difftx/policy/simd/attention_decode.hpp"
 #include "difftx/policy/simd/cross_entropy.hpp"
+#include "difftx/policy/simd/diff_heads.hpp"
 #include "difftx/policy/simd/diff_lambda.hpp"
 #include "difftx/policy/simd/elementwise.hpp"
 #include "difftx/policy/simd/embedding.hpp"
