@@ -58,6 +58,17 @@ TEST_CASE("bad configurations are rejected by every constructor") {
                      "config.layer_index", ">= 0", "-1");
   expect_input_error([] { MultiHead<float, 4>({.d_model = 8, .heads = 2, .rope_theta = 0}); }, "MultiHead",
                      "config.rope_theta", "theta > 0", "0");
+  // V2: g divides the 2h query heads (it need not divide h); with the switch off, the h heads.
+  expect_input_error([] { MultiHeadV2<float, 4>({.d_model = 16, .heads = 3, .kv_heads = 4}); }, "MultiHeadV2",
+                     "config.kv_heads", "dividing the 6 query heads", "4");
+  expect_input_error([] { MultiHeadV2<float, 4>({.d_model = 16, .heads = 3, .kv_heads = 2, .differential = false}); },
+                     "MultiHeadV2", "config.kv_heads", "dividing the 3 query heads", "2");
+  expect_input_error([] { MultiHeadV2<float, 4>({.d_model = 16, .heads = 0}); }, "MultiHeadV2", "config.heads", ">= 1",
+                     "0");
+  expect_input_error([] { MultiHeadV2<float, dynamic>({.d_model = 16, .heads = 2, .head_dim = 5}); }, "MultiHeadV2",
+                     "config.head_dim", "positive even head size", "5");
+  expect_input_error([] { DecoderLayerV2<float, 4>({{.d_model = 16, .heads = 2, .head_dim = 8}}); }, "MultiHeadV2",
+                     "config.head_dim", "compiled head size D = 4", "8");
   expect_input_error([] { RMSNorm<float>(0); }, "RMSNorm", "dim", "positive", "0");
   expect_input_error([] { RMSNorm<float>(8, -1.0); }, "RMSNorm", "eps", "eps > 0", "-1");
   expect_input_error([] { Linear<float>(0, 4); }, "Linear", "in_features", "positive", "0");
@@ -120,6 +131,17 @@ TEST_CASE("every module names itself in its errors") {
     expect_input_error([&] { m.forward(x.view(), out.view(), s); }, "Attention::forward", "x", "[B, N, 6]", "[1, 3, 8]");
   }
   {
+    MultiHeadV2<double, 2> m({.d_model = 6, .heads = 2});
+    typename MultiHeadV2<double, 2>::saved_type s;
+    expect_input_error([&] { m.forward(x.view(), out.view(), s); }, "MultiHeadV2::forward", "x", "[B, N, 6]",
+                       "[1, 3, 8]");
+    auto x6 = test_support::random_tensor<double, 3>({1, 3, 6}, 2);
+    auto dx = filled<double, 3>({1, 3, 6}, 1.0);
+    expect_input_error([&] { m.backward(x6.view(), x6.view(), s, dx.view()); }, "MultiHeadV2::backward", "saved",
+                       "[1, 3, 6]", "no forward");
+    CHECK(values(dx) == values(filled<double, 3>({1, 3, 6}, 1.0)));
+  }
+  {
     SwiGLU<double> m(6, 8);
     typename SwiGLU<double>::saved_type s;
     expect_input_error([&] { m.forward(x.view(), out.view(), s); }, "SwiGLU::forward", "x", "[B, N, 6]", "[1, 3, 8]");
@@ -173,6 +195,16 @@ TEST_CASE("ops check their own arguments") {
                              TensorView<double, 4>{}, lse.view());
       },
       "attention_forward", "k", "dividing the head count H = 3", "G = 2");
+  // V2's head combination pairs query heads: their count must be even, z and o must match it.
+  Tensor<double, 3> a_odd({2, 3, 4}), a({2, 4, 4}), o2({2, 2, 4});
+  Tensor<double, 2> z({2, 2}), z_wrong({2, 3});
+  expect_input_error([&] { diff_heads_forward(policy::reference{}, a_odd.view(), z.view(), o2.view()); },
+                     "diff_heads_forward", "a", "even number of query heads", "3 heads");
+  expect_input_error([&] { diff_heads_forward(policy::simd{}, a.view(), z_wrong.view(), o2.view()); },
+                     "diff_heads_forward", "z", "[2, 2]", "[2, 3]");
+  Tensor<double, 3> da({2, 4, 3});
+  expect_input_error([&] { diff_heads_backward(policy::simd{}, a.view(), z.view(), o2.view(), da.view(), z.view()); },
+                     "diff_heads_backward", "da", "[2, 4, 4]", "[2, 4, 3]");
 }
 
 TEST_CASE("gradcheck rejects bad options") {

@@ -477,6 +477,28 @@ TEST_CASE("cuda: baseline Attention and DecoderLayer") {
       {2, 70, 128});
 }
 
+TEST_CASE("cuda: MultiHeadV2 (tensor-core attention over 2h query heads, the head combination), baseline, layer") {
+  for (const auto& c : cases) {
+    check_all_types(
+        "MultiHeadV2 D=64 " + describe(c),
+        [c]<class U, class P>(P p) {
+          return MultiHeadV2<U, dynamic, P>(
+              {.d_model = 128, .heads = c.heads, .kv_heads = c.kv_heads, .causal = c.causal, .head_dim = 64}, p);
+        },
+        {c.batch, c.seq, 128});
+  }
+  check_all_types(
+      "MultiHeadV2 D=128 baseline",
+      []<class U, class P>(P p) {
+        return MultiHeadV2<U, 128, P>({.d_model = 256, .heads = 2, .kv_heads = 1, .differential = false}, p);
+      },
+      {1, 150, 256});
+  check_all_types(
+      "DecoderLayerV2 D=64",
+      []<class U, class P>(P p) { return DecoderLayerV2<U, 64, P>({{.d_model = 128, .heads = 3, .kv_heads = 2}, 192}, p); },
+      {2, 70, 128});
+}
+
 // float64 runs in double throughout (CUDA-core attention at every head size,
 // cuBLASLt in CUBLAS_COMPUTE_64F), against the reference, also in double: the
 // two differ only in the order of their sums, FMA contraction and the last bit
@@ -596,6 +618,11 @@ TEST_CASE("cuda: prefill, decode and packed batches against the reference forwar
   check_inference<double>("MultiHead D=64", multihead, 256);
   check_inference<float>("DecoderLayer D=8", decoder, 48);
   check_inference<Eigen::bfloat16>("Attention D=64", baseline, 256);
+  auto v2 = []<class U, class P>(P p) {
+    return MultiHeadV2<U, dynamic, P>({.d_model = 256, .heads = 2, .kv_heads = 1, .head_dim = 64}, p);
+  };
+  check_inference<float>("MultiHeadV2 D=64", v2, 256);
+  check_inference<Eigen::bfloat16>("MultiHeadV2 D=64", v2, 256);
 }
 
 int main(int argc, char** argv) {

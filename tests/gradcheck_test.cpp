@@ -133,6 +133,26 @@ TEST_CASE("gradcheck: DecoderLayer") {
   }
 }
 
+TEST_CASE("gradcheck: MultiHeadV2 and DecoderLayerV2 (lambda_proj through the sigmoid)") {
+  // h = c.heads output heads (2h query heads), g = c.kv_heads. The lambda logits
+  // x W_lambda^T have a standard deviation ~1.5, so the sigmoid is exercised off its linear middle.
+  for (const auto& c : attention_cases) {
+    MultiHeadV2<double, 4> mh(
+        {.d_model = 12, .heads = c.heads, .kv_heads = c.kv_heads, .rope_theta = 500.0, .causal = c.causal});
+    check_module(mh, {c.batch, c.seq, 12}, "MultiHeadV2 C=12 D=4 " + describe(c), 13);
+  }
+  // g = 2 divides the 6 query heads but not h = 3: the pair of output head 1 (query heads 2, 3) reads both groups.
+  MultiHeadV2<double, dynamic> straddling({.d_model = 12, .heads = 3, .kv_heads = 2, .head_dim = 6});
+  check_module(straddling, {2, 5, 12}, "MultiHeadV2 C=12 D=6 h=3 g=2", 14);
+  MultiHeadV2<double, 4> baseline({.d_model = 12, .heads = 4, .kv_heads = 2, .differential = false});
+  check_module(baseline, {2, 5, 12}, "MultiHeadV2 baseline (differential off) C=12 D=4 h=4 g=2", 15);
+  for (const auto& c : {attention_cases[0], attention_cases[3]}) {
+    DecoderLayerV2<double, 4> layer(
+        {{.d_model = 16, .heads = c.heads, .kv_heads = c.kv_heads, .causal = c.causal}, 24});
+    check_module(layer, {c.batch, c.seq, 16}, "DecoderLayerV2 C=16 F=24 D=4 " + describe(c), 16);
+  }
+}
+
 TEST_CASE("gradcheck: long double") {
   // The same check one precision up: the stencil's rounding error shrinks
   // ~2000x, so the bar drops to 1e-9.

@@ -3,7 +3,8 @@
 //  - prefill then decode steps (one and several tokens, B > 1 with different
 //    prompt lengths, grouped heads, a cache filled to capacity) equal one
 //    forward over the whole sequence, for MultiHead, the baseline Attention,
-//    DecoderLayer, BaselineLayer, Stack and LanguageModel, on the reference
+//    DecoderLayer, BaselineLayer, Stack, LanguageModel and V2 (MultiHeadV2,
+//    its baseline, DecoderLayerV2: double, float, bfloat16), on the reference
 //    in double and on simd in every type, within difftx::testing::tolerance
 //    (per decoder layer on the path) of the same build's forward.
 //  - a packed batch equals each sequence run on its own, output and every
@@ -62,6 +63,20 @@ struct baseline_factory {
   template <class T, class P>
   BaselineLayer<T, D, P> operator()() const {
     return BaselineLayer<T, D, P>({{C, 4, 2}, 32});
+  }
+};
+struct multihead_v2_factory {
+  index_t heads = 2, kv_heads = 2;  // 2h query heads over g groups
+  bool differential = true;
+  template <class T, class P>
+  MultiHeadV2<T, D, P> operator()() const {
+    return MultiHeadV2<T, D, P>({.d_model = C, .heads = heads, .kv_heads = kv_heads, .differential = differential});
+  }
+};
+struct decoder_v2_factory {
+  template <class T, class P>
+  DecoderLayerV2<T, D, P> operator()() const {
+    return DecoderLayerV2<T, D, P>({{.d_model = C, .heads = 2, .kv_heads = 1}, 32});
   }
 };
 struct stack_factory {
@@ -144,6 +159,21 @@ TEST_CASE("prefill then decode equals one forward: MultiHead, Attention, layers,
   check_decoding_everywhere("DecoderLayer", decoder_factory{});
   check_decoding_everywhere("BaselineLayer", baseline_factory{});
   check_decoding_everywhere("Stack of 2 (D = 6 at run time)", stack_factory{}, 2);
+}
+
+TEST_CASE("prefill then decode equals one forward: MultiHeadV2, its baseline, DecoderLayerV2") {
+  for (const auto& make : {multihead_v2_factory{}, multihead_v2_factory{3, 2}, multihead_v2_factory{4, 2, false}}) {
+    const std::string label = "MultiHeadV2 h=" + std::to_string(make.heads) + " g=" + std::to_string(make.kv_heads) +
+                              (make.differential ? "" : " baseline");
+    check_decoding<double, policy::reference>(label, make, 1);
+    check_decoding<float>(label, make, 1);
+    check_decoding<Eigen::bfloat16>(label, make, 1);
+  }
+  check_decoding<double, policy::reference>("DecoderLayerV2", decoder_v2_factory{}, 1);
+  check_decoding<float>("DecoderLayerV2", decoder_v2_factory{}, 1);
+  // The cache of a standard transformer with g groups: g (D + D) values per token, whatever h is.
+  const auto v2 = multihead_v2_factory{3, 2}.operator()<float, policy::simd>();
+  CHECK(v2.make_cache(1, 8).bytes_per_token() == 2 * (D + D) * sizeof(float));
 }
 
 TEST_CASE("decoding past 256 cached keys (several key blocks per sequence)") {
@@ -276,10 +306,13 @@ TEST_CASE("a packed batch equals each sequence on its own, forward and every gra
   CHECK(packed_against_separate<double, policy::reference>(multihead_factory{}, offsets) <= bar);
   CHECK(packed_against_separate<double, policy::reference>(attention_factory{}, offsets) <= bar);
   CHECK(packed_against_separate<double, policy::reference>(decoder_factory{}, offsets) <= bar);
+  CHECK(packed_against_separate<double, policy::reference>(multihead_v2_factory{3, 2}, offsets) <= bar);
   CHECK(packed_against_separate<double, policy::simd>(stack_factory{}, offsets) <= 2 * bar);
   CHECK(packed_against_separate<float, policy::simd>(decoder_factory{}, offsets) <= testing::tolerance<float>::backward);
   CHECK(packed_against_separate<Eigen::bfloat16, policy::simd>(baseline_factory{}, offsets) <=
         testing::tolerance<Eigen::bfloat16>::backward);
+  CHECK(packed_against_separate<float, policy::simd>(decoder_v2_factory{}, offsets) <=
+        testing::tolerance<float>::backward);
 }
 
 TEST_CASE("the stateless forward equals the forward that saves") {

@@ -95,6 +95,28 @@ TEST_CASE("simd: head sizes that fill vectors (D = 32) and the baseline Attentio
   }
 }
 
+TEST_CASE("simd: MultiHeadV2 over the shape sweep, its baseline, DecoderLayerV2") {
+  for (const auto& c : cases) {
+    auto make = [c]<class U, class P>() {
+      return MultiHeadV2<U, dynamic, P>(
+          {.d_model = 24, .heads = c.heads, .kv_heads = c.kv_heads, .causal = c.causal, .head_dim = 8}, P{});
+    };
+    check_all_types("MultiHeadV2 D=8 " + describe(c), make, {c.batch, c.seq, 24});
+  }
+  check_all_types(
+      "MultiHeadV2 baseline D=16",
+      []<class U, class P>() {
+        return MultiHeadV2<U, 16, P>({.d_model = 48, .heads = 4, .kv_heads = 2, .differential = false}, P{});
+      },
+      {2, 63, 48});
+  check_all_types(
+      "DecoderLayerV2 D=8",
+      []<class U, class P>() {
+        return DecoderLayerV2<U, 8, P>({{.d_model = 32, .heads = 2, .kv_heads = 1}, 72}, P{});
+      },
+      {2, 70, 32});
+}
+
 TEST_CASE("simd: DecoderLayer") {
   check_all_types(
       "DecoderLayer D=8",

@@ -272,7 +272,8 @@ TEST_CASE("LanguageModel: parameter names and layer outputs and matched paramete
 }
 
 TEST_CASE("attention_maps: recomputed weights reproduce the forward's output") {
-  // Σ_t w[i, t] V[t] must give the saved o row: A V (Attention) or (A1 − λA2) V (MultiHead).
+  // Σ_t w[i, t] V[t] must give the saved o row: A V (Attention), (A1 − λA2) V
+  // (MultiHead), (A_2i − λ_i A_2i+1) V with λ per row (MultiHeadV2, both query heads in one group).
   auto check = [](const auto& module, const auto& saved, const auto& v, const auto& o, index_t maps, bool causal) {
     const index_t B = o.extent(0), N = o.extent(1), H = o.extent(2), dv = o.extent(3), G = v.extent(2);
     std::vector<index_t> rows(static_cast<std::size_t>(N));
@@ -284,7 +285,7 @@ TEST_CASE("attention_maps: recomputed weights reproduce the forward's output") {
         for (index_t h = 0; h < H; ++h) {
           double row_sum = 0;
           for (index_t t = 0; t < N; ++t) row_sum += m.weights(i, h, t);
-          CHECK(row_sum == doctest::Approx(1.0 - m.lambda).epsilon(1e-12));
+          CHECK(row_sum == doctest::Approx(1.0 - m.lambdas(i, h)).epsilon(1e-12));
           if (causal)
             for (index_t t = i + 1; t < N; ++t) CHECK(m.weights(i, h, t) == 0.0);
           for (index_t c = 0; c < dv; ++c) {
@@ -308,6 +309,16 @@ TEST_CASE("attention_maps: recomputed weights reproduce the forward's output") {
     Attention<double, 4>::saved_type as;
     at.forward(x.view(), y.view(), as);
     check(at, as, as.v, as.o, 1, causal);
+    MultiHeadV2<double, 4> v2({.d_model = 16, .heads = 2, .kv_heads = 1, .causal = causal});
+    randomise_parameters(v2, 24);
+    MultiHeadV2<double, 4>::saved_type vs;
+    v2.forward(x.view(), y.view(), vs);
+    check(v2, vs, vs.v, vs.diff, 2, causal);
+    const index_t rows[] = {0, 5};
+    const auto m = attention_maps(v2, vs, 1, rows);
+    for (index_t r = 0; r < 2; ++r)
+      for (index_t h = 0; h < 2; ++h)
+        CHECK(m.lambdas(r, h) == doctest::Approx(1.0 / (1.0 + std::exp(-vs.lambda_logits(1, rows[r], h)))));
   }
   MultiHead<double, 4> mh({.d_model = 16, .heads = 2});
   MultiHead<double, 4>::saved_type empty;
