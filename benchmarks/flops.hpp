@@ -48,6 +48,18 @@ inline double baseline_backward(double b, double n, double c, double H, double G
   return linear_backward(tokens, H * D + 2 * G * D, c) + linear_backward(tokens, c, H * D) +
          attention_backward(b, H, n, 1, D, D, causal);
 }
+// Differential attention V2 (h output heads of D, 2h query heads, g groups):
+// q, k, v and lambda_proj (h outputs), o_proj from hD, one attention of 2h heads.
+inline double multihead_v2_forward(double b, double n, double c, double h, double g, double D, bool causal) {
+  const double tokens = b * n;
+  return linear_forward(tokens, 2 * h * D + 2 * g * D + h, c) + linear_forward(tokens, c, h * D) +
+         attention_forward(b, 2 * h, n, 1, D, D, causal);
+}
+inline double multihead_v2_backward(double b, double n, double c, double h, double g, double D, bool causal) {
+  const double tokens = b * n;
+  return linear_backward(tokens, 2 * h * D + 2 * g * D + h, c) + linear_backward(tokens, c, h * D) +
+         attention_backward(b, 2 * h, n, 1, D, D, causal);
+}
 // DecoderLayer: MultiHead plus SwiGLU's three projections.
 inline double decoder_forward(double b, double n, double c, double h, double g, double D, double f, bool causal) {
   return multihead_forward(b, n, c, h, g, D, causal) + 3 * linear_forward(b * n, f, c);

@@ -69,6 +69,14 @@ void register_modules(const std::string& policy, const std::string& dtype, std::
                    fl::baseline_forward(1, N, C, 2 * h, 2 * h, D, true) +
                        (backward ? fl::baseline_backward(1, N, C, 2 * h, 2 * h, D, true) : 0));
       })->UseRealTime()->Unit(benchmark::kMillisecond);
+      // V2 matched to the baseline as the authors do: its 2h output heads of D and
+      // key/value heads, so 4h query heads (twice the baseline's attention work).
+      benchmark::RegisterBenchmark(("MultiHeadV2" + suffix).c_str(), [=](benchmark::State& state) {
+        MultiHeadV2<T, D, Policy> module({.d_model = C, .heads = 2 * h, .kv_heads = 2 * h});
+        run_module(state, module, n, backward,
+                   fl::multihead_v2_forward(1, N, C, 2 * h, 2 * h, D, true) +
+                       (backward ? fl::multihead_v2_backward(1, N, C, 2 * h, 2 * h, D, true) : 0));
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
       benchmark::RegisterBenchmark(("DecoderLayer" + suffix).c_str(), [=](benchmark::State& state) {
         DecoderLayer<T, D, Policy> module({{.d_model = C, .heads = h, .kv_heads = h}, F});
         run_module(state, module, n, backward,
@@ -214,6 +222,22 @@ void register_token_ops(const std::string& policy, const std::string& dtype, std
           benchmark::ClobberMemory();
         }
       });
+      // V2's head combination at the module's shape: a [N, 4h, D] -> o [N, 2h, D].
+      add("diff_heads", 0, [=](benchmark::State& state) {
+        Policy p;
+        Tensor<T, 3> a({n, 4 * h, D}), o({n, 2 * h, D}), da(a.shape());
+        Tensor<T, 2> z({n, 2 * h}), dz(z.shape());
+        random_stream rng(6);
+        fill_normal(a.view(), rng);
+        fill_normal(z.view(), rng);
+        for (auto _ : state) {
+          if (backward)
+            diff_heads_backward(p, a.const_view(), z.const_view(), o.const_view(), da.view(), dz.view());
+          else
+            diff_heads_forward(p, a.const_view(), z.const_view(), o.view());
+          benchmark::ClobberMemory();
+        }
+      });
       add("swiglu_gate", 0, [=](benchmark::State& state) {
         Policy p;
         Tensor<T, 2> g({n, F}), u(g.shape()), out(g.shape()), dg(g.shape()), du(g.shape());
@@ -284,6 +308,7 @@ void register_decoding(const std::string& policy, const std::string& dtype, std:
   };
   add("MultiHead", [] { return MultiHead<T, D, Policy>({.d_model = C, .heads = h, .kv_heads = h}); });
   add("Attention", [] { return Attention<T, D, Policy>({.d_model = C, .heads = 2 * h, .kv_heads = 2 * h}); });
+  add("MultiHeadV2", [] { return MultiHeadV2<T, D, Policy>({.d_model = C, .heads = 2 * h, .kv_heads = 2 * h}); });
   add("DecoderLayer", [] { return DecoderLayer<T, D, Policy>({{.d_model = C, .heads = h, .kv_heads = h}, F}); });
 }
 
