@@ -310,6 +310,8 @@ void register_decoding(const std::string& policy, const std::string& dtype, std:
   add("Attention", [] { return Attention<T, D, Policy>({.d_model = C, .heads = 2 * h, .kv_heads = 2 * h}); });
   add("MultiHeadV2", [] { return MultiHeadV2<T, D, Policy>({.d_model = C, .heads = 2 * h, .kv_heads = 2 * h}); });
   add("DecoderLayer", [] { return DecoderLayer<T, D, Policy>({{.d_model = C, .heads = h, .kv_heads = h}, F}); });
+  add("DecoderLayerV2",
+      [] { return DecoderLayerV2<T, D, Policy>({{.d_model = C, .heads = 2 * h, .kv_heads = 2 * h}, F}); });
 }
 
 // Eigen's single-precision GEMM at a square size: the rate the kernels are measured against.

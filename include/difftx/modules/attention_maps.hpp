@@ -138,6 +138,7 @@ AttentionMaps<accum_t<T>> attention_maps(const MultiHeadV2<T, D, Policy>& module
                                          std::span<const index_t> rows) {
   detail::require_dense_forward(saved.sequences);
   const index_t maps = module.config().differential ? 2 : 1;
+  const bool causal = module.config().causal;
   const auto& q = saved.q;  // [B, N, maps·h, 1, D], seen as [B, N, h, maps, D]
   const auto& lse = saved.lse;
   const auto logits = saved.lambda_logits.const_view();
@@ -149,7 +150,7 @@ AttentionMaps<accum_t<T>> attention_maps(const MultiHeadV2<T, D, Policy>& module
         using A = accum_t<T>;
         return A(1.0) / (A(1.0) + scalar_traits<T>::exp(-load(logits(batch, row, head))));
       },
-      module.config().causal, batch, rows);
+      causal, batch, rows);
 }
 
 }  // namespace difftx

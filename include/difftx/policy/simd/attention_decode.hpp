@@ -30,6 +30,10 @@ namespace difftx {
 namespace simd_detail {
 
 constexpr index_t cache_block = 256;  // keys per work item: a few items per thread at 1k-token caches
+// Up to this many query rows per group, one matrix-vector product per row: Eigen's
+// matrix product would pack the whole key (value) block for each call, which
+// costs more than reading the block, from L2, once per row.
+constexpr index_t gemv_rows = 4;
 
 // What one key block leaves for each of its query rows and maps.
 template <class A>
@@ -108,7 +112,10 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
         const A* k_block = rows_as_accum<T>(k_first, keys, d, G * Maps * d, k_scratch);
         const strided_rows key_rows(k_block, keys, d, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * Maps * d : d));
         auto s = scores.leftCols(keys);
-        s.noalias() = q_rows * key_rows.transpose();
+        if (rows <= gemv_rows)
+          for (index_t row = 0; row < rows; ++row) s.row(row).transpose().noalias() = key_rows * q_rows.row(row).transpose();
+        else
+          s.noalias() = q_rows * key_rows.transpose();
         A* row_max_out = part.max_at(item, m);
         A* row_sum_out = part.sum_at(item, m);
         for (index_t row = 0; row < rows; ++row) {
@@ -121,7 +128,11 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
           row_max_out[row] = mx;
           row_sum_out[row] = sum(p_row, visible);
         }
-        Eigen::Map<row_matrix<A>>(part.acc_at(item, m), rows, dv).noalias() = s * values;
+        Eigen::Map<row_matrix<A>> acc(part.acc_at(item, m), rows, dv);
+        if (rows <= gemv_rows)
+          for (index_t row = 0; row < rows; ++row) acc.row(row).transpose().noalias() = values.transpose() * s.row(row).transpose();
+        else
+          acc.noalias() = s * values;
       }
     }
   }
