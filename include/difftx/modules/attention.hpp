@@ -74,10 +74,7 @@ class Attention {
   // dy [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates
   void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx) {
     constexpr std::string_view where = "Attention::backward";
-    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
-    require_saved(where, s.input_shape, x.shape());
-    require_shape(where, "dy", dy, x.shape());
-    require_shape(where, "dx", dx, x.shape());
+    detail::check_token_backward(where, x, dy, dx, s.input_shape, config_.d_model, policy_.memory().space());
     const index_t B = x.extent(0), N = x.extent(1), HD = config_.heads * config_.head_dim;
     Tensor<T, 4> d_o(s.o.shape(), policy_.memory());
     out_proj_.backward(s.o.const_view().template reshape<3>({B, N, HD}), dy, s.out_proj,
@@ -132,9 +129,7 @@ class Attention {
 
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
                    sequence_offsets sequences) const {
-    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
-    require_shape(where, "y", y, x.shape());
-    if (!sequences.empty()) detail::check_sequence_offsets(where, "x", x, sequences);
+    detail::check_token_call(where, x, y, sequences, config_.d_model, policy_.memory().space());
   }
   // s.o [B, N, H, D] -> out_proj -> y [B, N, C]
   void output(saved_type& s, TensorView<T, 3> y) const {

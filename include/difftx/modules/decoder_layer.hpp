@@ -134,10 +134,7 @@ class BasicDecoderLayer {
   // dout [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates
   void backward(cview<T, 3> x, cview<T, 3> dout, const saved_type& s, TensorView<T, 3> dx) {
     constexpr std::string_view where = "DecoderLayer::backward";
-    require_tokens(where, "x", x, d_model(), policy_.memory().space());
-    require_saved(where, s.input_shape, x.shape());
-    require_shape(where, "dout", dout, x.shape());
-    require_shape(where, "dx", dx, x.shape());
+    detail::check_token_backward(where, x, dout, dx, s.input_shape, d_model(), policy_.memory().space(), "dout");
     Tensor<T, 3> dy(x.shape(), policy_.memory()), d_branch(x.shape(), policy_.memory());
     // Out = SwiGLU(RMSNorm(Y)) + Y
     ffn_.backward(s.ffn_in.view(), dout, s.ffn, d_branch.view());

@@ -106,10 +106,7 @@ class MultiHead {
   // dy [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates
   void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx) {
     constexpr std::string_view where = "MultiHead::backward";
-    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
-    require_saved(where, s.input_shape, x.shape());
-    require_shape(where, "dy", dy, x.shape());
-    require_shape(where, "dx", dx, x.shape());
+    detail::check_token_backward(where, x, dy, dx, s.input_shape, config_.d_model, policy_.memory().space());
     const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads, D = config_.head_dim;
     auto& memory = policy_.memory();
     Tensor<T, 3> d_normed(s.normed.shape(), memory);
@@ -196,9 +193,7 @@ class MultiHead {
   }
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
                    sequence_offsets sequences) const {
-    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
-    require_shape(where, "y", y, x.shape());
-    if (!sequences.empty()) detail::check_sequence_offsets(where, "x", x, sequences);
+    detail::check_token_call(where, x, y, sequences, config_.d_model, policy_.memory().space());
   }
   // x [B, N, C] -> s.q, s.k, s.v (not yet rotated)
   void project(cview<T, 3> x, saved_type& s) const {

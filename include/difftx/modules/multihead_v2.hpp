@@ -95,10 +95,7 @@ class MultiHeadV2 {
   // dy [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates
   void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx) {
     constexpr std::string_view where = "MultiHeadV2::backward";
-    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
-    require_saved(where, s.input_shape, x.shape());
-    require_shape(where, "dy", dy, x.shape());
-    require_shape(where, "dx", dx, x.shape());
+    detail::check_token_backward(where, x, dy, dx, s.input_shape, config_.d_model, policy_.memory().space());
     const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, D = config_.head_dim;
     auto& memory = policy_.memory();
     Tensor<T, 4> d_in({B, N, h, D}, memory);  // the o_proj input's gradient
@@ -170,9 +167,7 @@ class MultiHeadV2 {
   }
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
                    sequence_offsets sequences) const {
-    require_tokens(where, "x", x, config_.d_model, policy_.memory().space());
-    require_shape(where, "y", y, x.shape());
-    if (!sequences.empty()) detail::check_sequence_offsets(where, "x", x, sequences);
+    detail::check_token_call(where, x, y, sequences, config_.d_model, policy_.memory().space());
   }
   // [B, N, heads, D] seen as [B·N, heads, D]: the head combination is per token.
   template <class V>

@@ -35,6 +35,25 @@ void check_sequence_offsets(std::string_view where, std::string_view argument, c
           "a last offset equal to the packed token count " + std::to_string(x.extent(1)), std::to_string(offsets.back()));
 }
 
+// A token module's call x [B, N, C] -> y like x: x is C wide in `space`, y has
+// x's shape, and a packed batch's offsets fit x.
+template <class X, class Y>
+void check_token_call(std::string_view where, const X& x, const Y& y, sequence_offsets sequences, index_t width,
+                      memory_space space) {
+  require_tokens(where, "x", x, width, space);
+  require_shape(where, "y", y, x.shape());
+  if (!sequences.empty()) check_sequence_offsets(where, "x", x, sequences);
+}
+// A token module's backward: x as its forward saw it (saved_for), dy and dx of x's shape.
+template <class X, class DY, class DX>
+void check_token_backward(std::string_view where, const X& x, const DY& dy, const DX& dx, const shape_t<3>& saved_for,
+                          index_t width, memory_space space, std::string_view dy_name = "dy") {
+  require_tokens(where, "x", x, width, space);
+  require_saved(where, saved_for, x.shape());
+  require_shape(where, dy_name, dy, x.shape());
+  require_shape(where, "dx", dx, x.shape());
+}
+
 // The sequences of a batch: their count, and views of one sequence's rows.
 // Dense: one call over the whole batch; packed: a call per sequence on
 // [1, length, ...] views (rows of the token axis, axis 1) and, for the
