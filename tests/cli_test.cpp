@@ -1,8 +1,9 @@
 // The difftx tool run as a user runs it (the built binary, DIFFTX_CLI): exit
 // codes and one-line messages for each usage and bad-input class, `run`
-// reproducing a PyTorch fixture, `check` passing, `bench` reporting what it
-// promises, with FLOPs counted by hand for small shapes, and `generate`
-// decoding what full forwards decode.
+// reproducing a PyTorch fixture (V1 and V2), `check` passing, `bench` reporting
+// what it promises, with FLOPs counted by hand for small shapes, `generate`
+// decoding what full forwards decode, and `retrieval --arch` putting V2 beside
+// DIFF and the Transformer.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
@@ -129,6 +130,50 @@ std::pair<double, double> differences(const run_files& ours, const run_files& re
   return {difference(ours.output, reference.output), backward};
 }
 
+// The V2 fixtures (tools/make_fixtures.py): the module and the flags their
+// metadata needs beyond what the weights say.
+struct v2_fixture {
+  const char* name;
+  const char* flags;
+};
+constexpr v2_fixture v2_fixtures[] = {
+    {"multihead_v2_causal", "--module multihead_v2"},
+    {"multihead_v2_gqa_noncausal", "--module multihead_v2 --no-causal --rope-theta 500"},  // h = 3, g = 2, D = 6
+    {"multihead_v2_n1", "--module multihead_v2"},                                           // N = 1, D = 2
+    {"multihead_v2_baseline", "--module multihead_v2 --heads 4"},  // differential off: no lambda_proj
+    {"decoder_layer_v2", "--module decoder_layer_v2"},
+};
+
+// difftx run on a V2 fixture's weights, input and grad_output (written to
+// folder as .npy), with extra flags; the run must succeed.
+run_files run_v2_fixture(const test_support::temp_folder& folder, const std::string& name, const std::string& extra,
+                         const std::string& flags = "") {
+  const auto weights = data_dir / (name + ".safetensors");
+  const auto f = io::read_safetensors(weights);
+  io::write_npy(folder / "x.npy", f.at("input", "test", "fixture"));
+  io::write_npy(folder / "dy.npy", f.at("grad_output", "test", "fixture"));
+  std::string module_flags = flags;
+  if (module_flags.empty())
+    for (const auto& fx : v2_fixtures)
+      if (name == fx.name) module_flags = fx.flags;
+  const auto r = difftx_cli("run " + module_flags + " " + extra + " --weights " + q(weights) + " --input " +
+                            q(folder / "x.npy") + " --grad-output " + q(folder / "dy.npy") + " --output " +
+                            q(folder / "y.npy") + " --grad-input " + q(folder / "dx.npy") + " --grad-weights " +
+                            q(folder / "dw.safetensors"));
+  INFO("difftx run " << module_flags << " " << extra << " on " << name << "; stderr: " << r.err);
+  REQUIRE(r.code == 0);
+  return {io::read_npy(folder / "y.npy"), io::read_npy(folder / "dx.npy"), io::read_safetensors(folder / "dw.safetensors")};
+}
+
+// The fixture's own output, grad_input and weight gradients (grad.<name>) as run_files.
+run_files v2_fixture_results(const std::string& name) {
+  const auto f = io::read_safetensors(data_dir / (name + ".safetensors"));
+  run_files expected{f.at("output", "test", "fixture"), f.at("grad_input", "test", "fixture"), {}};
+  for (const auto& [tensor, t] : f.tensors)
+    if (tensor.rfind("grad.", 0) == 0) expected.grad_weights.tensors[tensor.substr(5)] = t;
+  return expected;
+}
+
 }  // namespace
 
 TEST_CASE("cli: --help exits 0 for the tool and each command") {
@@ -138,8 +183,12 @@ TEST_CASE("cli: --help exits 0 for the tool and each command") {
   r = difftx_cli("run --help");
   CHECK(r.code == 0);
   CHECK(r.out.find("--grad-weights") != std::string::npos);
+  CHECK(r.out.find("multihead_v2") != std::string::npos);
+  CHECK(r.out.find("lambda_proj") != std::string::npos);
   r = difftx_cli("bench --help");
   CHECK(r.code == 0);
+  CHECK(r.out.find("--baseline") != std::string::npos);
+  CHECK(difftx_cli("retrieval --help").out.find("--arch") != std::string::npos);
   CHECK(r.out.find("N(N+1)/2 causal") != std::string::npos);
   CHECK(r.out.find("without the scores the") != std::string::npos);
   CHECK(difftx_cli("check --help").code == 0);
@@ -331,7 +380,7 @@ TEST_CASE("cli gpu: --policy cuda reproduces the PyTorch fixture, or says in one
                        {"--policy", "no CUDA device was found"});
     const auto r = difftx_cli("check");
     CHECK(r.code == 0);
-    CHECK(r.out.find("| every module  | cuda      | every    | - |") != std::string::npos);
+    CHECK(r.out.find("| every module          | cuda      | every    | - |") != std::string::npos);
     CHECK(r.out.find("skipped cuda: no CUDA device was found") != std::string::npos);
     CHECK_FALSE(std::filesystem::exists("/tmp/difftx_never_written.npy"));
     return;
@@ -351,7 +400,15 @@ TEST_CASE("cli gpu: --policy cuda reproduces the PyTorch fixture, or says in one
   const auto check = difftx_cli("check");
   INFO(check.out);
   CHECK(check.code == 0);
-  CHECK(check.out.find("| multihead     | cuda      | float32  | 6 |") != std::string::npos);
+  CHECK(check.out.find("| multihead             | cuda      | float32  | 6 |") != std::string::npos);
+  CHECK(check.out.find("| decoder_layer_v2      | cuda      | float32  | 6 |") != std::string::npos);
+  // V2 on the device: the fixture in float32 within float32's bars of the CPU's float64 run.
+  const auto v2_reference = run_v2_fixture(folder, "multihead_v2_causal", "--dtype float64 --policy reference");
+  const auto v2_ours = run_v2_fixture(folder, "multihead_v2_causal", "--dtype float32 --policy cuda");
+  const auto [v2_forward, v2_backward] = differences(v2_ours, v2_reference);
+  MESSAGE("cuda float32 multihead_v2: output " << v2_forward << ", gradients " << v2_backward);
+  CHECK(v2_forward <= testing::tolerance<float>::forward);
+  CHECK(v2_backward <= testing::tolerance<float>::backward);
 }
 
 // Gradients per tensor against at least a tenth of the largest gradient, as
@@ -385,7 +442,8 @@ TEST_CASE("cli: check passes on every policy built") {
   const auto r = difftx_cli("check");
   INFO(r.out << r.err);
   CHECK(r.code == 0);
-  for (const char* module : {"rmsnorm", "swiglu", "multihead", "attention", "decoder_layer", "decoder_stack"})
+  for (const char* module : {"rmsnorm", "swiglu", "multihead", "attention", "decoder_layer", "decoder_stack",
+                             "multihead_v2 ", "multihead_v2 baseline", "decoder_layer_v2"})
     CHECK(r.out.find("| " + std::string(module)) != std::string::npos);
   CHECK(r.out.find("checks pass") != std::string::npos);
   CHECK(r.out.find("FAIL") == std::string::npos);
@@ -788,4 +846,202 @@ TEST_CASE("cli: generate exits 3 on a missing or ill-shaped tensor and 2 on a to
                      {"--prompt"});
   expect_usage_error("generate --kv-heads 1 --weights " + q(folder / "lm.safetensors") + " --prompt 1 --max-new-tokens 0",
                      {"--max-new-tokens"});
+}
+
+// Differential attention V2 (MultiHeadV2, DecoderLayerV2) through the tool: run
+// on the PyTorch V2 fixtures, the sizes read from the weights, errors naming
+// the tensor, bench (FLOPs by hand, --baseline, --decode).
+namespace {
+// f[name] replaced by a tensor of that shape (all 0.1).
+void reshape(io::tensor_file& f, const std::string& name, const std::vector<index_t>& shape) {
+  index_t n = 1;
+  for (auto e : shape) n *= e;
+  f.tensors[name] = io::stored_tensor::from_values(io::dtype::f64, shape, std::vector<double>(static_cast<std::size_t>(n), 0.1));
+}
+}  // namespace
+
+TEST_CASE("cli v2: run reproduces every V2 PyTorch fixture to 1e-10 in float64 on every CPU policy, and float32 within its bars") {
+  test_support::temp_folder folder;
+  for (const auto& fx : v2_fixtures) {
+    const std::string name = fx.name;
+    const auto expected = v2_fixture_results(name);
+    for (const std::string policy : {"reference", "simd"}) {
+      INFO(name << " on " << policy);
+      const auto r = run_v2_fixture(folder, name, "--dtype float64 --policy " + policy);
+      CHECK(r.output.type == io::dtype::f64);
+      CHECK(r.grad_weights.tensors.size() == expected.grad_weights.tensors.size());  // every parameter, by its name
+      const auto [forward, backward] = differences(r, expected);
+      MESSAGE(name << " on " << policy << ": output " << forward << ", gradients " << backward);
+      CHECK(forward < 1e-10);
+      CHECK(backward < 1e-10);
+    }
+    const auto r = run_v2_fixture(folder, name, "--dtype float32");
+    CHECK(r.output.type == io::dtype::f32);
+    const auto [forward, backward] = differences(r, expected);
+    CHECK(forward <= testing::tolerance<float>::forward);
+    CHECK(backward <= testing::tolerance<float>::backward);
+  }
+  // The differential fixtures' sizes come from the weights alone; a --heads or --kv-heads that agrees changes nothing.
+  const auto r = run_v2_fixture(folder, "multihead_v2_gqa_noncausal", "--dtype float64 --heads 3 --kv-heads 2");
+  CHECK(differences(r, v2_fixture_results("multihead_v2_gqa_noncausal")).first < 1e-10);
+}
+
+TEST_CASE("cli v2: a V2 weight file that does not fit exits 3 naming the tensor, writing nothing") {
+  test_support::temp_folder folder;
+  // multihead_v2_causal: h = 2, g = 2, D = 4, C = 16
+  const auto fixture = io::read_safetensors(data_dir / "multihead_v2_causal.safetensors");
+  io::write_npy(folder / "x.npy", fixture.at("input", "test", "fixture"));
+  auto run = [&](void (*edit)(io::tensor_file&), const std::string& flags = "--module multihead_v2",
+                 const std::string& source = "multihead_v2_causal") {
+    auto f = io::read_safetensors(data_dir / (source + ".safetensors"));
+    edit(f);
+    io::write_safetensors(folder / "w.safetensors", f);
+    const auto r = difftx_cli("run " + flags + " --weights " + q(folder / "w.safetensors") + " --input " +
+                              q(folder / "x.npy") + " --output " + q(folder / "y.npy"));
+    CHECK(r.code == 3);
+    CHECK_FALSE(std::filesystem::exists(folder / "y.npy"));
+    return r;
+  };
+  SUBCASE("o_proj transposed") {
+    const auto r = run([](io::tensor_file& f) { reshape(f, "o_proj.weight", {8, 16}); });
+    check_message(r.err, {"w.safetensors: o_proj.weight", "shape [16, 8] = [C, h·D] with h = 2 (from lambda_proj.weight) and D = 4",
+                          "[8, 16]"});
+  }
+  SUBCASE("v_proj of the wrong shape") {
+    const auto r = run([](io::tensor_file& f) { reshape(f, "v_proj.weight", {4, 16}); });
+    check_message(r.err, {"w.safetensors", "v_proj.weight", "expected shape [8, 16]", "[4, 16]"});
+  }
+  SUBCASE("q_proj rows that are not 2·h·D") {
+    const auto r = run([](io::tensor_file& f) { reshape(f, "q_proj.weight", {18, 16}); });
+    check_message(r.err, {"w.safetensors: q_proj.weight", "2·h·D divisible by 4 with h = 2 (from lambda_proj.weight)", "[18, 16]"});
+  }
+  SUBCASE("key/value heads that do not divide the query heads") {
+    const auto r = run([](io::tensor_file& f) {
+      reshape(f, "k_proj.weight", {12, 16});
+      reshape(f, "v_proj.weight", {12, 16});
+    });
+    check_message(r.err, {"w.safetensors: k_proj.weight", "g = 3 key/value heads dividing the 4 query heads", "[12, 16]"});
+  }
+  SUBCASE("flags that disagree with the weights") {
+    auto r = run([](io::tensor_file&) {}, "--module multihead_v2 --heads 3");
+    check_message(r.err, {"w.safetensors: lambda_proj.weight", "shape [h, C] with h = 3 (--heads)", "[2, 16]"});
+    r = run([](io::tensor_file&) {}, "--module multihead_v2 --kv-heads 1");
+    check_message(r.err, {"w.safetensors: k_proj.weight", "4 rows = g·D with g = 1 (--kv-heads) and D = 4", "[8, 16]"});
+  }
+  SUBCASE("no lambda_proj.weight and no --heads: the V2 baseline needs --heads") {
+    const auto r = run([](io::tensor_file& f) { f.tensors.erase("lambda_proj.weight"); });
+    check_message(r.err, {"w.safetensors: lambda_proj.weight", "or --heads to run the V2 baseline", "no tensor of that name"});
+  }
+  SUBCASE("decoder_layer_v2: a missing attn.lambda_proj.weight, an FFN of another width") {
+    auto r = run([](io::tensor_file& f) { f.tensors.erase("attn.lambda_proj.weight"); }, "--module decoder_layer_v2",
+                 "decoder_layer_v2");
+    check_message(r.err, {"w.safetensors: attn.lambda_proj.weight", "--heads"});
+    r = run([](io::tensor_file& f) { reshape(f, "ffn.down_proj.weight", {16, 20}); }, "--module decoder_layer_v2",
+            "decoder_layer_v2");
+    check_message(r.err, {"w.safetensors", "ffn.down_proj.weight", "expected shape [16, 24]", "[16, 20]"});
+  }
+  SUBCASE("V1 weights given as V2") {
+    const auto r = difftx_cli("run --module decoder_layer_v2 --weights " + fixture_weights + " --input " + fixture_input +
+                              " --output " + q(folder / "y.npy"));
+    CHECK(r.code == 3);
+    check_message(r.err, {"decoder_layer.safetensors: attn.lambda_proj.weight"});
+  }
+}
+
+TEST_CASE("cli v2: bench times both V2 kinds, with --baseline and --decode, and counts their FLOPs as documented") {
+  auto json = [](const std::string& args) {
+    const auto r = difftx_cli("bench --json --repeats 1 " + args);
+    INFO("difftx bench " << args << "\nstderr: " << r.err);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out);
+  };
+  for (const char* module : {"multihead_v2", "decoder_layer_v2"})
+    for (const char* baseline : {"", " --baseline"})
+      for (const char* dtype : {"float32", "bfloat16"}) {
+        const auto j = json(std::string("--module ") + module + baseline + " --dtype " + dtype +
+                            " --batch 2 --seq 8 --d-model 16 --heads 2 --kv-heads 2 --backward");
+        CHECK(j.at("module") == module);
+        CHECK(j.at("differential") == (*baseline == '\0'));
+        CHECK(j.at("head_dim") == 8);  // C / h
+        CHECK(j.at("head_dim_compiled") == false);  // V2 runs on the run-time head size
+        CHECK(j.at("forward_backward_ms").get<double>() > 0);
+      }
+  const auto decode = json("--module decoder_layer_v2 --batch 2 --context 8 --d-model 16 --heads 2 --kv-heads 1 --decode");
+  CHECK(decode.at("decode_step_ms").get<double>() > 0);
+  CHECK(json("--module multihead_v2 --baseline --batch 1 --context 5 --d-model 16 --heads 2 --decode")
+            .at("decode_tokens_per_s")
+            .get<double>() > 0);
+  // g may divide the 2h query heads without dividing h.
+  CHECK(json("--module multihead_v2 --batch 1 --seq 4 --d-model 16 --heads 1 --kv-heads 2").at("kv_heads") == 2);
+  // D = 64 has its own instantiation for the V1 kinds; V2 runs it on the run-time one.
+  CHECK(json("--module multihead_v2 --batch 1 --seq 4 --d-model 128 --heads 2").at("head_dim_compiled") == false);
+  CHECK(json("--module multihead --batch 1 --seq 4 --d-model 256 --heads 2").at("head_dim_compiled") == true);
+
+  auto flops = [&](const std::string& args) {
+    const auto j = json("--batch 1 --seq 4 --d-model 8 --backward " + args);
+    return std::pair{j.at("forward_flops").get<double>(), j.at("backward_flops").get<double>()};
+  };
+  // multihead_v2, h = g = 1, D = C / h = 8, 4 tokens, causal (P = 10 pairs per query head):
+  // projections in: q 2·8 + k 8 + v 8 + lambda 1 = 33 rows: 2·4·33·8 = 2112 (backward 4224); o_proj 8 -> 8: 512 (1024);
+  // attention: 2 query heads of one map, d = dv = 8: forward 2·10·(16 + 16) = 640, backward 2·10·(32 + 32) = 1280.
+  CHECK(flops("--module multihead_v2 --heads 1") == std::pair{2112.0 + 512.0 + 640.0, 4224.0 + 1024.0 + 1280.0});
+  // The baseline: q 8 + k 8 + v 8 = 24 rows (1536, 3072), o_proj 512 (1024), 1 query head: 320 (640);
+  // exactly the standard attention of the same heads and size.
+  CHECK(flops("--module multihead_v2 --heads 1 --baseline") == std::pair{1536.0 + 512.0 + 320.0, 3072.0 + 1024.0 + 640.0});
+  CHECK(flops("--module multihead_v2 --heads 1 --baseline") == flops("--module attention --heads 1"));
+  // decoder_layer_v2: plus SwiGLU's three projections (F = 64): 3·2·4·8·64 forward, twice that backward.
+  CHECK(flops("--module decoder_layer_v2 --heads 1") == std::pair{3264.0 + 3 * 4096.0, 6528.0 + 6 * 4096.0});
+
+  expect_usage_error("bench --module multihead --baseline --batch 1 --seq 4 --d-model 16 --heads 2",
+                     {"--baseline", "multihead_v2 and decoder_layer_v2 only"});
+  expect_usage_error("bench --module multihead_v2 --batch 1 --seq 4 --d-model 16 --heads 2 --kv-heads 3",
+                     {"--kv-heads", "the 4 query heads"});
+  expect_usage_error("bench --module multihead_v2 --baseline --batch 1 --seq 4 --d-model 16 --heads 2 --kv-heads 4",
+                     {"--kv-heads", "must divide --heads 2"});
+  expect_usage_error("bench --module multihead_v2 --batch 1 --seq 4 --d-model 18 --heads 4", {"--head-dim", "not divisible"});
+}
+
+// difftx retrieval --arch: V2 beside DIFF and the Transformer on the same data,
+// in one report; the order of the list does not matter, its contents do.
+TEST_CASE("cli: retrieval --arch diff,v2,baseline trains and reports three models, the same with one or two jobs") {
+  test_support::temp_folder folder;
+  const std::string tiny = "retrieval --steps 3 --batch 2 --eval-per-cell 1 --d-model 16 --heads 1 --ffn 16 --context 40 --quiet";
+  auto r = difftx_cli(tiny + " --arch baseline,v2,diff --jobs 1 --out " + q(folder / "one"));
+  INFO("stdout: " << r.out << "stderr: " << r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("of 12 checks agree") != std::string::npos);
+  CHECK(r.out.find("DIFF and DIFF V2 against each other") != std::string::npos);
+  r = difftx_cli(tiny + " --arch diff,v2,baseline --jobs 2 --out " + q(folder / "two"));
+  REQUIRE(r.code == 0);
+  for (const char* file : {"training.csv", "accuracy_by_cell.csv", "by_depth.csv", "attention_profile.csv"}) {
+    INFO(file);
+    CHECK(read_text(folder / "one" / file) == read_text(folder / "two" / file));
+  }
+  const auto j = nlohmann::json::parse(read_text(folder / "one" / "report.json"));
+  for (const char* model : {"diff", "v2", "baseline"}) {
+    INFO(model);
+    REQUIRE(j.contains(model));
+    for (const char* field : {"accuracy", "attention_to_answer", "attention_noise", "attention_logits", "hidden_states"})
+      CHECK(j.at(model).contains(field));
+  }
+  // V2 against the Transformer it is matched to (2 output heads of 8, 2 key/value heads): 4 query heads, so per
+  // layer a q_proj larger by C x C = 256 and a lambda_proj [2, 16] = 32; 2 layers.
+  CHECK(j.at("v2").at("parameters").get<index_t>() - j.at("baseline").at("parameters").get<index_t>() == 2 * (256 + 32));
+  CHECK(j.at("v2").at("lambda").size() == 2);
+  CHECK(j.at("setup").at("architectures") == std::vector<std::string>{"diff", "v2", "baseline"});
+  const auto md = read_text(folder / "one" / "report.md");
+  CHECK(md.find("| DIFF V2 |") != std::string::npos);
+  CHECK(md.find("| " + std::to_string(j.at("v2").at("parameters").get<index_t>()) + " |") != std::string::npos);
+
+  // Two models, either differential one with the baseline; the default stays DIFF and the Transformer.
+  r = difftx_cli(tiny + " --arch v2,baseline --out " + q(folder / "v2"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("of 6 checks agree") != std::string::npos);
+  const auto k = nlohmann::json::parse(read_text(folder / "v2" / "report.json"));
+  CHECK(k.contains("v2"));
+  CHECK_FALSE(k.contains("diff"));
+  expect_usage_error(tiny + " --arch diff,v2 --out " + q(folder / "x"), {"--arch", "needs baseline"});
+  expect_usage_error(tiny + " --arch baseline --out " + q(folder / "x"), {"--arch", "needs baseline and at least one"});
+  expect_usage_error(tiny + " --arch diff,diff,baseline --out " + q(folder / "x"), {"--arch", "diff twice"});
+  expect_usage_error(tiny + " --arch diff,v3,baseline --out " + q(folder / "x"), {"--arch", "v3"});
 }

@@ -30,6 +30,7 @@ struct bench_options {
   std::vector<std::string> policies;
   index_t batch = 0, seq = 0, d_model = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn_dim = 0;
   bool no_causal = false, backward = false, json = false, decode = false;
+  bool baseline = false;  // V2 kinds: differential off
   index_t context = 0;
   int repeats = 10, threads = 0;
 };
@@ -57,6 +58,22 @@ flop_count count_flops(const module_spec& s, index_t batch, index_t seq) {
   if (s.kind == "decoder_layer")
     return {difftx_bench::decoder_forward(b, n, c, h, g, d, f, s.causal),
             difftx_bench::decoder_backward(b, n, c, h, g, d, f, s.causal)};
+  if (is_v2(s.kind)) {
+    // V2: projections to the query heads (2h, or h for the baseline), k and v (g heads of D) and, differential,
+    // lambda (h); o_proj from hD; one softmax map per query head with d = dv = D. The head combination
+    // a_2i - lambda a_2i+1 is elementwise, not counted.
+    const double query = s.differential ? 2 * h : h, tokens = b * n;
+    const double in_rows = query * d + 2 * g * d + (s.differential ? h : 0);
+    flop_count count{difftx_bench::linear_forward(tokens, in_rows, c) + difftx_bench::linear_forward(tokens, c, h * d) +
+                         difftx_bench::attention_forward(b, query, n, 1, d, d, s.causal),
+                     difftx_bench::linear_backward(tokens, in_rows, c) + difftx_bench::linear_backward(tokens, c, h * d) +
+                         difftx_bench::attention_backward(b, query, n, 1, d, d, s.causal)};
+    if (s.kind == "decoder_layer_v2") {
+      count.forward += 3 * difftx_bench::linear_forward(tokens, f, c);
+      count.backward += 3 * difftx_bench::linear_backward(tokens, f, c);
+    }
+    return count;
+  }
   if (s.kind == "swiglu") return {3 * difftx_bench::linear_forward(b * n, f, c), 3 * difftx_bench::linear_backward(b * n, f, c)};
   return {};
 }
@@ -73,13 +90,24 @@ double median_ms(const runner& module, int repeats, const std::function<void()>&
 
 module_spec bench_spec(const bench_options& o) {
   module_spec s{.kind = o.module, .d_model = o.d_model, .heads = o.heads, .kv_heads = o.kv_heads,
-                .head_dim = o.head_dim, .ffn_dim = o.ffn_dim, .causal = !o.no_causal, .threads = o.threads};
-  if (s.kind == "swiglu" || s.kind == "decoder_layer") s.ffn_dim = o.ffn_dim ? o.ffn_dim : default_ffn_dim(o.d_model);
+                .head_dim = o.head_dim, .ffn_dim = o.ffn_dim, .causal = !o.no_causal, .differential = !o.baseline,
+                .threads = o.threads};
+  if (o.baseline && !is_v2(s.kind))
+    throw CLI::ValidationError("--baseline", "applies to multihead_v2 and decoder_layer_v2 only (the V1 baseline is "
+                                             "--module attention with 2h heads)");
+  if (s.kind == "swiglu" || s.kind == "decoder_layer" || s.kind == "decoder_layer_v2")
+    s.ffn_dim = o.ffn_dim ? o.ffn_dim : default_ffn_dim(o.d_model);
   if (!uses_head_dim(s.kind)) return s;
   if (o.heads == 0) throw CLI::RequiredError("--heads (for --module " + o.module + ")");
   if (s.kv_heads == 0) s.kv_heads = s.heads;
-  if (s.heads % s.kv_heads != 0) throw CLI::ValidationError("--kv-heads", "must divide --heads " + std::to_string(s.heads));
-  const index_t width = is_differential(s.kind) ? 2 * s.heads : s.heads;  // q_proj rows = width · D
+  // V2: g divides the query heads (2h; the baseline's h), and D defaults to C / h (o_proj [C, hD] square).
+  const index_t query_heads = is_v2(s.kind) && s.differential ? 2 * s.heads : s.heads;
+  if (query_heads % s.kv_heads != 0)
+    throw CLI::ValidationError("--kv-heads", "must divide " + (query_heads == s.heads
+                                                                   ? "--heads " + std::to_string(s.heads)
+                                                                   : "the " + std::to_string(query_heads) +
+                                                                         " query heads (2 x --heads)"));
+  const index_t width = is_differential(s.kind) ? 2 * s.heads : s.heads;  // q_proj rows = width · D (V2: o_proj columns)
   if (s.head_dim == 0) {
     if (s.d_model % width != 0)
       throw CLI::ValidationError("--head-dim", "needed: d_model " + std::to_string(s.d_model) +
@@ -108,7 +136,8 @@ bench_row time_policy(const bench_options& o, const module_spec& spec, const std
   module->set_grad_output(input, "random grad_output");
   bench_row row{.policy = policy, .description = policy_description(policy), .threads = module->threads()};
   const auto compiled = compiled_head_dims(policy);
-  row.compiled_head_dim = std::find(compiled.begin(), compiled.end(), spec.head_dim) != compiled.end();
+  row.compiled_head_dim =
+      !is_v2(spec.kind) && std::find(compiled.begin(), compiled.end(), spec.head_dim) != compiled.end();  // V2: dynamic only
   if (o.decode) {
     module->prepare_decode();
     row.decode_ms = median_ms(*module, o.repeats, [&] { module->decode_step(); });
@@ -129,6 +158,9 @@ std::string describe_shape(const bench_options& o, const module_spec& spec, inde
   if (uses_head_dim(spec.kind))
     shape += ", h = " + std::to_string(spec.heads) + ", g = " + std::to_string(spec.kv_heads) +
              ", D = " + std::to_string(spec.head_dim) + (spec.causal ? ", causal" : ", not causal");
+  if (is_v2(spec.kind))
+    shape += spec.differential ? ", V2 differential (" + std::to_string(2 * spec.heads) + " query heads)"
+                               : ", V2 baseline (differential off)";
   if (spec.ffn_dim) shape += ", F = " + std::to_string(spec.ffn_dim);
   return shape;
 }
@@ -145,6 +177,7 @@ void print_decode(const bench_options& o, const module_spec& spec, const std::ve
                        {"decode_speedup_vs_first", rows.front().decode_ms / row.decode_ms}};
       if (uses_head_dim(spec.kind))
         j.update({{"heads", spec.heads}, {"kv_heads", spec.kv_heads}, {"head_dim", spec.head_dim}});
+      if (is_v2(spec.kind)) j["differential"] = spec.differential;
       std::printf("%s\n", j.dump().c_str());
     }
     return;
@@ -198,6 +231,7 @@ void bench(const bench_options& o) {
       if (uses_head_dim(spec.kind))
         j.update({{"heads", spec.heads}, {"kv_heads", spec.kv_heads}, {"head_dim", spec.head_dim},
                   {"head_dim_compiled", row.compiled_head_dim}, {"causal", spec.causal}});
+      if (is_v2(spec.kind)) j["differential"] = spec.differential;
       if (spec.ffn_dim) j["ffn_dim"] = spec.ffn_dim;
       if (o.backward)
         j.update({{"forward_backward_ms", row.both_ms}, {"forward_backward_tokens_per_s", tokens / row.both_ms * 1e3},
@@ -237,18 +271,23 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--batch", o->batch, "batch size B")->required()->check(count_in(1));
   auto* seq = cmd->add_option("--seq", o->seq, "sequence length N (needed unless --decode)")->check(count_in(1));
   cmd->add_option("--d-model", o->d_model, "model width C")->required()->check(count_in(1));
-  cmd->add_option("--heads", o->heads, "heads h (attention: H); needed except for rmsnorm and swiglu")
+  cmd->add_option("--heads", o->heads,
+                  "heads h (attention: H; V2: h output heads, 2h query heads); needed except for rmsnorm and swiglu")
       ->check(count_in(1));
   cmd->add_option("--kv-heads", o->kv_heads, "key/value groups g (default: as many as heads)")->check(count_in(1));
-  cmd->add_option("--head-dim", o->head_dim, "half head size D (attention: head size); default C / (2h) (attention: C / H)")
+  cmd->add_option("--head-dim", o->head_dim,
+                  "half head size D (attention and V2: head size); default C / (2h) (attention: C / H; V2: C / h)")
       ->check(count_in(1));
   cmd->add_option("--ffn-dim", o->ffn_dim, "SwiGLU hidden size F (default: 8C/3 rounded up to a multiple of 64)")
       ->check(count_in(1));
   cmd->add_flag("--no-causal", o->no_causal, "attend to every position (costs twice the attention products)");
+  cmd->add_flag("--baseline", o->baseline,
+                "multihead_v2 and decoder_layer_v2: the authors' matched V2 baseline (differential off: h query heads, "
+                "no lambda_proj), for A/B against the same command without it");
   auto* backward = cmd->add_flag("--backward", o->backward, "time forward + backward too");
   auto* decode = cmd->add_flag("--decode", o->decode,
                                "time one decode step with a KV cache instead: --batch new tokens, one per sequence, "
-                               "each attending to --context cached ones (multihead, attention, decoder_layer)");
+                               "each attending to --context cached ones (every module with attention)");
   auto* context = cmd->add_option("--context", o->context, "--decode: the tokens already in the cache")->check(count_in(1));
   decode->needs(context)->excludes(backward)->excludes(seq);
   context->needs(decode);
@@ -264,7 +303,9 @@ void add_bench_command(CLI::App& app) {
       "key) pairs P a kernel must visit (N(N+1)/2 causal: the masked half is not counted; N² otherwise), with\n"
       "query/key size d = D, value size dv (2D differential, D standard) and 2 maps (differential) or 1: forward\n"
       "P·maps·(2d + 2dv) (Q·Kᵀ, P·V); backward P·(4dv + maps·4d) (dV, dP; dQ, dK), without the scores the\n"
-      "backward recomputes, so GFLOP/s are conservative. Not counted: RMSNorm, RoPE, softmax, the SwiGLU gate,\n"
+      "backward recomputes, so GFLOP/s are conservative. V2 (multihead_v2, decoder_layer_v2): 2h query heads (the\n"
+      "baseline h) of one map each with d = dv = D, projections q, k, v, lambda_proj (h rows) and o_proj from hD.\n"
+      "Not counted: RMSNorm, RoPE, softmax, the SwiGLU gate, V2's a_2i - lambda a_2i+1,\n"
       "residual adds (O(B·N·C) each), so rmsnorm reports no GFLOP/s.\n" +
       exit_codes_help);
   cmd->callback([o] {

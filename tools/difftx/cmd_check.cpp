@@ -36,7 +36,18 @@ std::vector<module_spec> check_modules(index_t head_dim, int threads) {
   }
   specs[3].heads = 4;  // the matched baseline: H = 2h heads of size D
   specs[3].kv_heads = 2;
+  // V2 (h = 2 output heads of D, g = 1): differential (4 query heads), its baseline (2), and its layer.
+  for (const char* kind : {"multihead_v2", "multihead_v2", "decoder_layer_v2"}) {
+    specs.push_back(base);
+    specs.back().kind = kind;
+  }
+  specs[specs.size() - 2].differential = false;
   return specs;
+}
+
+// The table's name of a module: its kind, and "baseline" for V2 with differential off.
+std::string module_label(const module_spec& spec) {
+  return spec.kind + (is_v2(spec.kind) && !spec.differential ? " baseline" : "");
 }
 
 // A head size no policy compiles (tools/difftx/policies.hpp), so the check
@@ -168,7 +179,8 @@ int check(int threads) {
   std::printf("difftx check: every module on x [%td, %td, 16] with random weights, policies built: ", batch, seq);
   for (const auto& p : policies) std::printf("%s%s", policy_description(p).c_str(), &p == &policies.back() ? "\n" : ", ");
   std::printf("  modules: C = 16, h = 2, g = 1, l = 1, F = 24; attention H = 4, G = 2; decoder_stack = 2 decoder layers;"
-              " %d thread%s\n", threads, threads == 1 ? "" : "s");
+              " V2: h = 2 output heads (4 query heads; baseline: 2), g = 1; %d thread%s\n", threads,
+              threads == 1 ? "" : "s");
   std::printf("  gradcheck: float64, %td sampled entries per tensor against five-point finite differences, bar %.0e\n",
               entries_per_tensor, testing::gradcheck_options{}.tolerance);
   std::printf("  vs ref: max|a - b| / max|b| against the reference policy in float64 on the same weights and input;\n"
@@ -180,15 +192,15 @@ int check(int threads) {
       std::printf(" %s %.1e / %.1e%s", std::string(io::dtype_name(t)).c_str(), testing::tolerance<T>::forward,
                   testing::tolerance<T>::backward, t == types[3] ? "\n\n" : ",");
     });
-  std::printf("| module        | policy    | dtype    | D | gradcheck | output vs ref | grads vs ref | result |\n");
-  std::printf("|---------------|-----------|----------|--:|----------:|--------------:|-------------:|--------|\n");
+  std::printf("| module                | policy    | dtype    | D | gradcheck | output vs ref | grads vs ref | result |\n");
+  std::printf("|-----------------------|-----------|----------|--:|----------:|--------------:|-------------:|--------|\n");
 
   int rows = 0, failures = 0;
   std::vector<std::string> skipped;  // "cuda: no CUDA device was found (...)"
   random_stream rng(seed);
   for (const auto& policy : policies) {
     if (const auto reason = unavailable_reason(policy); !reason.empty()) {
-      std::printf("| %-13s | %-9s | %-8s | %1s | %9s | %13s | %12s | %-6s |\n", "every module", policy.c_str(), "every",
+      std::printf("| %-21s | %-9s | %-8s | %1s | %9s | %13s | %12s | %-6s |\n", "every module", policy.c_str(), "every",
                   "-", "-", "-", "-", "skip");
       skipped.push_back(policy + ": " + reason);
       continue;
@@ -229,7 +241,7 @@ int check(int threads) {
           failures += ok ? 0 : 1;
           ++rows;
         }
-        std::printf("| %-13s | %-9s | %-8s | %1s | %9s | %13s | %12s | %-6s |\n", spec.kind.c_str(), policy.c_str(),
+        std::printf("| %-21s | %-9s | %-8s | %1s | %9s | %13s | %12s | %-6s |\n", module_label(spec).c_str(), policy.c_str(),
                     std::string(io::dtype_name(type)).c_str(),
                     uses_head_dim(spec.kind) ? std::to_string(check_head_dim).c_str() : "-",
                     gradcheck_text.c_str(), output_text.c_str(), grads_text.c_str(), result.c_str());
@@ -246,7 +258,8 @@ int check(int threads) {
 void add_check_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("check", "check every module on every policy built and every number type");
   cmd->footer(
-      "For each module (rmsnorm, swiglu, multihead, attention, decoder_layer, a 2-layer decoder_stack), each policy\n"
+      "For each module (rmsnorm, swiglu, multihead, attention, decoder_layer, a 2-layer decoder_stack, multihead_v2,\n"
+      "multihead_v2 with differential off (its baseline) and decoder_layer_v2), each policy\n"
       "built and each dtype (float64, float32, bfloat16, float16): random weights and input, forward and backward;\n"
       "in float64 a gradient check against finite differences; every policy and dtype against the reference policy\n"
       "in float64 on the same (rounded) numbers within testing::tolerance<T>. A policy that cannot run here (cuda\n"

@@ -1,14 +1,20 @@
 // difftx retrieval: trains a small Differential Transformer and its matched
-// Transformer on multi-needle retrieval and writes a report comparing them
-// (accuracy by needles and depth, attention to the answer vs noise, activation
-// outliers), after the paper's Section 3.4, Table 2, Table 3 and Table 5.
+// Transformer (and, with --arch, differential attention V2) on multi-needle
+// retrieval and writes a report comparing them (accuracy by needles and depth,
+// attention to the answer vs noise, activation outliers), after the paper's
+// Section 3.4, Table 2, Table 3 and Table 5.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <difftx/difftx.hpp>
 #include <difftx/policy/simd.hpp>
@@ -29,7 +35,11 @@ using namespace difftx::retrieval;
 constexpr const char* policy_names[] = {"reference", "simd"};
 
 // The half head sizes D compiled in; --d-model / (2 · --heads) must be one.
+// (V2 runs on difftx::dynamic, the same kernels, so its build does not multiply by three.)
 constexpr index_t head_dims[] = {8, 16, 32};
+
+// --arch's names, in the order the report lists them (the Transformer last).
+constexpr const char* architecture_names[] = {"diff", "v2", "baseline"};
 
 struct options {
   run_setup setup;
@@ -110,38 +120,80 @@ void run(const options& o, const Policy& policy) {
   run_setup s = o.setup;
   s.head_dim = D;
   const index_t V = vocabulary(s.task).size;
-  trainer diff(make_diff_model<D>(s.model, V, policy), s.task, s.train);
+  auto wanted = [&](const char* name) {
+    return std::find(s.architectures.begin(), s.architectures.end(), name) != s.architectures.end();
+  };
+  std::optional<trainer<DecoderLayer<float, D, Policy>>> diff;
+  std::optional<trainer<DecoderLayerV2<float, dynamic, Policy>>> v2;
   trainer base(make_baseline_model<D>(s.model, V, policy), s.task, s.train);
-  const std::string diff_label = "DIFF Transformer", base_label = "Transformer";
+  if (wanted("diff")) diff.emplace(make_diff_model<D>(s.model, V, policy), s.task, s.train);
+  if (wanted("v2")) v2.emplace(make_v2_model(s.model, V, policy), s.task, s.train);
   progress p(s, o.quiet);
-  p.print("difftx retrieval: %td steps x %td sequences of %td tokens; DIFF %td heads of 2x%td, Transformer %td heads of %td; "
-          "%td vs %td parameters; policy %s, %d thread%s\n",
-          s.train.steps, s.train.batch, s.task.context, s.model.heads, D, 2 * s.model.heads, D, diff.parameter_count(),
-          base.parameter_count(), s.policy.c_str(), s.jobs, s.jobs == 1 ? "" : "s");
 
-  model_run rd, rb;
-  if (s.jobs >= 2) {
-    std::exception_ptr failure;
-    std::thread other([&] {
+  // One job per model, in report order; each writes only its own result.
+  struct job {
+    std::string name, label, short_label, shape;
+    index_t parameters;
+    std::function<model_run()> work;
+  };
+  std::vector<job> jobs;
+  auto add = [&](auto& t, const std::string& name, const std::string& label, const std::string& short_label,
+                 const std::string& shape) {
+    jobs.push_back({name, label, short_label, shape, t.parameter_count(), [&t, name, label, short_label, &s, &p] {
+                      auto r = train_and_evaluate(t, name, label, s, p);
+                      r.short_label = short_label;
+                      return r;
+                    }});
+  };
+  const index_t h = s.model.heads;
+  if (diff) add(*diff, "diff", "DIFF Transformer", "DIFF", std::to_string(h) + " heads of 2x" + std::to_string(D));
+  if (v2)
+    add(*v2, "v2", "DIFF V2", "DIFF V2",
+        std::to_string(2 * h) + " heads of " + std::to_string(D) + " from " + std::to_string(4 * h) + " query heads");
+  add(base, "baseline", "Transformer", "Transformer", std::to_string(2 * h) + " heads of " + std::to_string(D));
+  std::string models;
+  for (const auto& j : jobs)
+    models += (models.empty() ? "" : ", ") + j.short_label + " " + j.shape + " (" + std::to_string(j.parameters) + " parameters)";
+  p.print("difftx retrieval: %td steps x %td sequences of %td tokens; %s; policy %s, %d thread%s\n", s.train.steps,
+          s.train.batch, s.task.context, models.c_str(), s.policy.c_str(), s.jobs, s.jobs == 1 ? "" : "s");
+
+  // --jobs 2: two workers take the models in turn (the results do not depend on which runs where).
+  std::vector<model_run> results(jobs.size());
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  auto worker = [&] {
+    for (std::size_t i; (i = next++) < jobs.size();) {
       try {
-        rb = train_and_evaluate(base, "baseline", base_label, s, p);
+        results[i] = jobs[i].work();
       } catch (...) {
-        failure = std::current_exception();
+        std::lock_guard lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+        next = jobs.size();
       }
-    });
-    rd = train_and_evaluate(diff, "diff", diff_label, s, p);
+    }
+  };
+  if (s.jobs >= 2) {
+    std::thread other(worker);
+    worker();
     other.join();
-    if (failure) std::rethrow_exception(failure);
   } else {
-    rd = train_and_evaluate(diff, "diff", diff_label, s, p);
-    rb = train_and_evaluate(base, "baseline", base_label, s, p);
+    worker();
   }
+  if (failure) std::rethrow_exception(failure);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto v = write_report(o.out, s, rd, rb, wall);
+  model_list list;
+  for (const auto& r : results) list.push_back(&r);
+  const auto v = write_report(o.out, s, list, wall);
   std::printf("difftx retrieval: wrote %s/report.md (and report.json, CSVs, figures) in %s\n", o.out.string().c_str(),
               duration(wall).c_str());
   std::printf("%d of %d checks agree with the paper's direction:\n", v.agree, v.total);
   for (const auto& line : v.lines) std::printf("  - %s\n", line.c_str());
+  if (!v.notes.empty()) {
+    std::printf("%s and %s against each other (no paper direction, no verdict):\n", list[0]->short_label.c_str(),
+                list[1]->short_label.c_str());
+    for (const auto& line : v.notes) std::printf("  - %s\n", line.c_str());
+  }
 }
 
 template <class Policy>
@@ -180,7 +232,8 @@ void add_retrieval_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "retrieval",
       "Train a Differential Transformer and its matched Transformer (h vs 2h heads, same parameters, steps and data) on "
-      "multi-needle retrieval; write report.md, report.json, CSV logs and PNG figures to --out.");
+      "multi-needle retrieval, and with --arch differential attention V2 too; write report.md, report.json, CSV logs "
+      "and PNG figures to --out.");
   auto& s = o->setup;
   cmd->add_option("--out", o->out, "output folder (created)")->required();
   auto* quick = cmd->add_flag("--quick", s.quick, "a smoke run under a minute (250 steps, small evaluation)");
@@ -194,6 +247,13 @@ void add_retrieval_command(CLI::App& app) {
   // Model.
   cmd->add_option("--d-model", s.model.d_model, "model width C (= 2 x heads x D, D in {8, 16, 32})")->capture_default_str()->check(count_in(1));
   cmd->add_option("--heads", s.model.heads, "differential heads h (the Transformer gets 2h)")->capture_default_str()->check(count_in(1));
+  cmd->add_option("--arch", s.architectures,
+                  "models to compare, comma-separated: diff (DIFF Transformer, V1), v2 (differential attention V2 with the "
+                  "Transformer's 2h output heads of D and key/value heads, so 4h query heads), baseline (the Transformer, "
+                  "2h heads of D); baseline and at least one of diff, v2")
+      ->delimiter(',')
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(architecture_names), std::end(architecture_names))))
+      ->capture_default_str();
   cmd->add_option("--layers", s.model.layers, "decoder layers")->capture_default_str()->check(CLI::Range(1, 64));
   cmd->add_option("--ffn", s.model.ffn_dim, "SwiGLU hidden size")->capture_default_str()->check(count_in(1));
   // Training.
@@ -219,6 +279,18 @@ void add_retrieval_command(CLI::App& app) {
       if (per_cell->count() == 0) st.eval.per_cell = 4;
       st.eval.stats_batch = 4;
     }
+    // --arch: each name once, the baseline and a differential model; the report's order whatever the given one.
+    std::vector<std::string> ordered;
+    for (const char* name : architecture_names) {
+      const auto n = std::count(st.architectures.begin(), st.architectures.end(), name);
+      if (n > 1) throw CLI::ValidationError("--arch", std::string("names ") + name + " twice");
+      if (n == 1) ordered.emplace_back(name);
+    }
+    if (ordered.size() < 2 || ordered.back() != "baseline")
+      throw CLI::ValidationError("--arch", "needs baseline and at least one of diff, v2 (got " +
+                                               std::to_string(ordered.size()) + " model" + (ordered.size() == 1 ? "" : "s") +
+                                               (ordered.empty() || ordered.back() != "baseline" ? ", no baseline" : "") + ")");
+    st.architectures = ordered;
     // Unless given, the warm-up is a tenth of the steps, at most the default.
     if (warmup->count() == 0) st.train.warmup = std::min(st.train.warmup, st.train.steps / 10);
     check(*o);

@@ -45,7 +45,8 @@ void require_distinct_outputs(const run_options& o) {
 void run(const run_options& o) {
   const auto type = checked_dtype(o.dtype, o.policy);
   if (o.module == "attention" && o.heads == 0) throw CLI::RequiredError("--heads (for --module attention)");
-  if (o.heads > 0 && o.kv_heads > 0 && o.heads % o.kv_heads != 0)
+  // (V2: g divides the 2h query heads, checked with the weights.)
+  if (!is_v2(o.module) && o.heads > 0 && o.kv_heads > 0 && o.heads % o.kv_heads != 0)
     throw CLI::ValidationError("--kv-heads", "must divide --heads " + std::to_string(o.heads));
   require_distinct_outputs(o);
 
@@ -108,9 +109,12 @@ void add_run_command(CLI::App& app) {
                   "safetensors file to write every parameter's gradient to, under the weights' names")
       ->needs(grad_output);
   cmd->add_option("--heads", o->heads,
-                  "heads h (attention: H, required); default: q_proj rows / (2 D) with D from lambda_q1")
+                  "heads h (attention: H, required); default: q_proj rows / (2 D) with D from lambda_q1 (V2: the "
+                  "rows of lambda_proj.weight; required for the V2 baseline, whose file has no lambda_proj.weight)")
       ->check(count_in(1));
-  cmd->add_option("--kv-heads", o->kv_heads, "key/value groups g (default: as many as heads)")->check(count_in(1));
+  cmd->add_option("--kv-heads", o->kv_heads,
+                  "key/value groups g (default: as many as heads; V2: k_proj rows / D)")
+      ->check(count_in(1));
   cmd->add_option("--layer-index", o->layer_index, "layer index l, sets lambda_init = 0.8 - 0.6 exp(-0.3 l)")
       ->check(count_in(0))
       ->capture_default_str();
@@ -126,7 +130,11 @@ void add_run_command(CLI::App& app) {
   add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
   cmd->footer(
       "d_model C and the head size D come from the weight shapes (q_proj.weight is [2hD, C] for multihead and\n"
-      "decoder_layer, [HD, C] for attention) and are checked against each other and the input.\n" +
+      "decoder_layer, [HD, C] for attention) and are checked against each other and the input.\n"
+      "multihead_v2 and decoder_layer_v2 (differential attention V2, the authors' Diff-Transformer-V2 names:\n"
+      "q_proj [2hD, C], k_proj and v_proj [gD, C], o_proj [C, hD], lambda_proj [h, C]) take h from lambda_proj,\n"
+      "D from q_proj and h, g from k_proj; a file without lambda_proj.weight is the V2 baseline (differential off:\n"
+      "q_proj [hD, C]), run with --heads h. --layer-index does not apply to them.\n" +
       exit_codes_help);
   cmd->callback([o] { run(*o); });
 }

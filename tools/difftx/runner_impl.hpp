@@ -103,7 +103,8 @@ class module_runner final : public runner {
         memory().copy(token_.view()[b].data(), x_.view()[b][N - 1].data(), static_cast<std::size_t>(C) * sizeof(T));
       context_ = N;
     } else {
-      throw input_error("bench", "--decode", "a module with attention (multihead, attention, decoder_layer)",
+      throw input_error("bench", "--decode", "a module with attention (multihead, attention, decoder_layer, multihead_v2, "
+                        "decoder_layer_v2)",
                         "a module without a KV cache");
     }
   }
@@ -242,10 +243,28 @@ std::unique_ptr<runner> make_with_head_dim(const module_spec& s) {
   return std::make_unique<module_runner<Stack<DecoderLayer<T, D, Policy>>>>(s.d_model, std::move(layers));
 }
 
+inline MultiHeadV2Config multihead_v2_config(const module_spec& s) {
+  return {.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .rope_theta = s.rope_theta,
+          .causal = s.causal, .head_dim = s.head_dim, .differential = s.differential};
+}
+
+// The V2 kinds, on the difftx::dynamic head size only: a compiled D would run
+// the same kernels (they read D from the shapes) and only lengthen the build.
+template <class Policy, class T>
+std::unique_ptr<runner> make_v2(const module_spec& s) {
+  const auto policy = make_policy<Policy>(s);
+  if (s.kind == "multihead_v2")
+    return std::make_unique<module_runner<MultiHeadV2<T, dynamic, Policy>>>(s.d_model, multihead_v2_config(s), policy);
+  require(s.kind == "decoder_layer_v2", "make_runner", "kind", "a module kind", s.kind);
+  return std::make_unique<module_runner<DecoderLayerV2<T, dynamic, Policy>>>(
+      s.d_model, DecoderLayerV2Config{multihead_v2_config(s), s.ffn_dim, s.eps}, policy);
+}
+
 // The runner of spec's kind on Policy: a compiled head size D... where spec's
-// is one of them, else difftx::dynamic.
+// is one of them, else difftx::dynamic (the V2 kinds: always dynamic).
 template <class T, class Policy, index_t... D>
 std::unique_ptr<runner> make_for_policy(const module_spec& s) {
+  if (is_v2(s.kind)) return make_v2<Policy, T>(s);
   if (s.kind == "rmsnorm")
     return std::make_unique<module_runner<RMSNorm<T, Policy>>>(s.d_model, s.d_model, s.eps, 1.0, make_policy<Policy>(s));
   if (s.kind == "swiglu")

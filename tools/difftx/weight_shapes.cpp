@@ -2,8 +2,72 @@
 #include "weight_shapes.hpp"
 
 #include <algorithm>
+#include <vector>
 
 namespace difftx::cli {
+
+namespace {
+
+// The V2 kinds (multihead_v2, decoder_layer_v2): differential when
+// lambda_proj.weight [h, C] is there (h from it), else the baseline (h from
+// --heads); D = q_proj rows / (2h) (baseline: / h), checked against o_proj
+// [C, hD]; g = k_proj rows / D (or --kv-heads), dividing the query heads.
+// s has C from q_proj.
+template <class ShapeOf, class Named, class RowsOf>
+module_spec v2_spec_from_weights(module_spec s, const module_spec& given, const std::vector<index_t>& q, ShapeOf&& shape_of,
+                                 Named&& named, RowsOf&& rows_of, std::string_view where, const std::string& attn,
+                                 bool has_lambda) {
+  const std::string q_name = named(attn + "q_proj.weight"), lambda_name = attn + "lambda_proj.weight";
+  s.differential = has_lambda;
+  std::string heads_from = " (--heads)";
+  if (has_lambda) {
+    const auto lambda = shape_of(lambda_name, 2);  // [h, C]
+    require(given.heads == 0 || given.heads == lambda[0], where, named(lambda_name),
+            "shape [h, C] with h = " + std::to_string(given.heads) + " (--heads)", "shape " + shape_string(lambda));
+    s.heads = lambda[0];
+    if (given.heads == 0) heads_from = " (from lambda_proj.weight)";
+  } else {
+    require(given.heads > 0, where, named(lambda_name),
+            "a tensor [h, C] (differential V2), or --heads to run the V2 baseline (differential off) without it",
+            "no tensor of that name");
+  }
+  const index_t query_heads = s.differential ? 2 * s.heads : s.heads;
+  const std::string rows_text = s.differential ? "2·h·D" : "h·D (the V2 baseline: no lambda_proj.weight)";
+  require(q[0] % query_heads == 0, where, q_name,
+          "rows = " + rows_text + " divisible by " + std::to_string(query_heads) + " with h = " +
+              std::to_string(s.heads) + heads_from,
+          "shape " + shape_string(q));
+  s.head_dim = q[0] / query_heads;
+  const auto o = shape_of(attn + "o_proj.weight", 2);  // [C, hD]
+  const auto o_columns = rows_of(s.heads, s.head_dim, named(attn + "o_proj.weight"));
+  require(o[0] == s.d_model && o[1] == o_columns, where, named(attn + "o_proj.weight"),
+          "shape [" + std::to_string(s.d_model) + ", " + std::to_string(o_columns) + "] = [C, h·D] with h = " +
+              std::to_string(s.heads) + heads_from + " and D = " + std::to_string(s.head_dim) + " (from q_proj.weight)",
+          "shape " + shape_string(o));
+  const std::string k_name = named(attn + "k_proj.weight");
+  const auto k = shape_of(attn + "k_proj.weight", 2);  // [gD, C]
+  if (given.kv_heads == 0) {
+    require(k[0] % s.head_dim == 0, where, k_name,
+            "rows = g·D divisible by D = " + std::to_string(s.head_dim) + " (from q_proj.weight)",
+            "shape " + shape_string(k));
+    s.kv_heads = k[0] / s.head_dim;
+  } else {
+    const auto k_rows = rows_of(given.kv_heads, s.head_dim, k_name);
+    require(k[0] == k_rows, where, k_name,
+            std::to_string(k_rows) + " rows = g·D with g = " + std::to_string(given.kv_heads) + " (--kv-heads) and D = " +
+                std::to_string(s.head_dim),
+            "shape " + shape_string(k));
+  }
+  require(query_heads % s.kv_heads == 0, where, k_name,
+          "g = " + std::to_string(s.kv_heads) + " key/value heads dividing the " + std::to_string(query_heads) +
+              " query heads",
+          "shape " + shape_string(k));
+  require(s.head_dim % 2 == 0, where, q_name, "an even head size D (RoPE rotates pairs)",
+          "D = " + std::to_string(s.head_dim));
+  return s;
+}
+
+}  // namespace
 
 module_spec spec_from_weights(const module_spec& given, const io::tensor_file& weights, const std::string& label,
                               std::string_view where, const std::string& prefix) {
@@ -22,12 +86,13 @@ module_spec spec_from_weights(const module_spec& given, const io::tensor_file& w
     return static_cast<index_t>(checked_multiply(static_cast<std::uint64_t>(heads), static_cast<std::uint64_t>(head_dim),
                                                  max_tensor_elements, where, name, "a row count heads · D"));
   };
-  const std::string attn = kind == "decoder_layer" ? "attn." : "", ffn = kind == "decoder_layer" ? "ffn." : "";
+  const bool layer = kind == "decoder_layer" || kind == "decoder_layer_v2";
+  const std::string attn = layer ? "attn." : "", ffn = layer ? "ffn." : "";
   if (kind == "rmsnorm") {
     s.d_model = shape_of("weight", 1)[0];
     return s;
   }
-  if (kind == "swiglu" || kind == "decoder_layer") {
+  if (kind == "swiglu" || layer) {
     const auto gate = shape_of(ffn + "gate_proj.weight", 2);  // [F, C]
     require(given.ffn_dim == 0 || given.ffn_dim == gate[0], where, named(ffn + "gate_proj.weight"),
             "shape [F, C] with F = " + std::to_string(given.ffn_dim) + " (--ffn-dim)", "shape " + shape_string(gate));
@@ -38,6 +103,9 @@ module_spec spec_from_weights(const module_spec& given, const io::tensor_file& w
   const auto q = shape_of(attn + "q_proj.weight", 2);  // [2hD, C] (attention: [HD, C])
   s.d_model = q[1];
   const std::string q_name = named(attn + "q_proj.weight");
+  if (is_v2(kind)) return v2_spec_from_weights(s, given, q, shape_of, named, rows_of, where, attn,
+                                               weights.contains(prefix + attn + "lambda_proj.weight") ||
+                                                   weights.undecodable.count(prefix + attn + "lambda_proj.weight") > 0);
   const index_t maps = is_differential(kind) ? 2 : 1;
   if (maps == 2) {
     s.head_dim = shape_of(attn + "lambda_q1", 1)[0];

@@ -2,8 +2,11 @@
 //
 // The model is a LanguageModel over DecoderLayer (differential, h heads of 2·D)
 // or BaselineLayer (softmax, 2h heads of D): the paper's matched pair, with the
-// same parameter count up to the λ vectors and the subln weight. The policy is a
-// template parameter, so a faster CPU policy is a one-line change in the caller.
+// same parameter count up to the λ vectors and the subln weight; or over
+// DecoderLayerV2 (differential attention V2) with the baseline's 2h output heads
+// of D and its 2h key/value heads, so 4h query heads: a q_proj twice the
+// baseline's, plus lambda_proj. The policy is a template parameter, so a faster
+// CPU policy is a one-line change in the caller.
 //
 // Training: AdamW, linear warm-up then cosine decay, gradient clipping, softmax
 // cross-entropy on the answer tokens only. The data stream is a random_stream
@@ -77,6 +80,22 @@ LanguageModel<BaselineLayer<float, D, Policy>> make_baseline_model(const model_c
   return LanguageModel<BaselineLayer<float, D, Policy>>({vocab, m.d_model}, std::move(layers));
 }
 
+// V2 on the difftx::dynamic head size (D = C / 2h from the config): one
+// instantiation for every D the command takes.
+template <class Policy = policy::reference>
+LanguageModel<DecoderLayerV2<float, dynamic, Policy>> make_v2_model(const model_config& m, index_t vocab,
+                                                                    const Policy& policy = {}) {
+  require(m.d_model % (2 * m.heads) == 0, "retrieval", "d_model", "a multiple of 2 x heads = " + std::to_string(2 * m.heads),
+          std::to_string(m.d_model));
+  std::vector<DecoderLayerV2<float, dynamic, Policy>> layers;
+  for (index_t l = 0; l < m.layers; ++l)
+    layers.emplace_back(DecoderLayerV2Config{{.d_model = m.d_model, .heads = 2 * m.heads, .kv_heads = 2 * m.heads,
+                                              .head_dim = m.d_model / (2 * m.heads)},
+                                             m.ffn_dim},
+                        policy);
+  return LanguageModel<DecoderLayerV2<float, dynamic, Policy>>({vocab, m.d_model}, std::move(layers));
+}
+
 // ---------------------------------------------------------------- results
 
 struct step_record {
@@ -122,7 +141,8 @@ struct evaluation {
   std::vector<attention_sums> attention_by_layer;
   attention_sums attention_all;
   magnitudes logits, hidden;
-  std::vector<double> lambda;  // per layer (differential model only)
+  std::vector<double> lambda;  // per layer (differential models only; V2: the mean of its per-token λ over the
+                               // answer-producing positions and heads)
   attention_profile profile;
 };
 
@@ -234,6 +254,8 @@ class trainer {
   evaluation evaluate(const eval_config& config) {
     evaluation result;
     const auto L = static_cast<std::size_t>(model_.layers().size());
+    lambda_sum_.clear();
+    lambda_count_.clear();
     result.attention_by_layer.resize(L);
     random_stream data(eval_data_seed(train_.seed));
     typename model_type::saved_type saved;
@@ -255,6 +277,8 @@ class trainer {
       }
       result.cells.push_back(cell);
     }
+    if (!lambda_count_.empty())
+      for (std::size_t l = 0; l < L; ++l) result.lambda.push_back(lambda_sum_[l] / static_cast<double>(lambda_count_[l]));
     measure_magnitudes(config, data, result);
     return result;
   }
@@ -352,7 +376,16 @@ class trainer {
       }
       for (std::size_t l = 0; l < L; ++l) {
         const auto maps = attention_maps(model_.layers()[l].attention(), saved.stack.layers[l].attn, i, rows);
-        if (result.lambda.size() < L && maps.maps == 2) result.lambda.push_back(maps.lambda);
+        if constexpr (per_token_lambda) {  // V2: every row's and head's own λ, averaged at the end
+          if (maps.maps == 2) {
+            lambda_sum_.resize(L);
+            lambda_count_.resize(L);
+            for (index_t e = 0; e < maps.lambdas.size(); ++e) lambda_sum_[l] += static_cast<double>(maps.lambdas.data()[e]);
+            lambda_count_[l] += maps.lambdas.size();
+          }
+        } else if (result.lambda.size() < L && maps.maps == 2) {
+          result.lambda.push_back(maps.lambda);  // one λ per layer
+        }
         const index_t H = maps.weights.extent(1);
         for (std::size_t r = 0; r < rows.size(); ++r) {
           const auto& q = ex.queries[r];
@@ -408,11 +441,16 @@ class trainer {
     result.hidden = detail::summarise(std::move(hidden_values));
   }
 
+  // V2's λ is per token and head (its config has the `differential` switch).
+  static constexpr bool per_token_lambda = requires(const Layer& layer) { layer.attention().config().differential; };
+
   model_type model_;
   task_config task_;
   train_config train_;
   std::vector<step_record> history_;
   Tensor<float, 3> logits_, dlogits_;
+  std::vector<double> lambda_sum_;     // V2: per layer, over the measured rows and heads
+  std::vector<index_t> lambda_count_;
 };
 
 }  // namespace difftx::retrieval
