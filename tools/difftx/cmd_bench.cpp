@@ -59,18 +59,15 @@ flop_count count_flops(const module_spec& s, index_t batch, index_t seq) {
     return {difftx_bench::decoder_forward(b, n, c, h, g, d, f, s.causal),
             difftx_bench::decoder_backward(b, n, c, h, g, d, f, s.causal)};
   if (is_v2(s.kind)) {
-    // V2: projections to the query heads (2h, or h for the baseline), k and v (g heads of D) and, differential,
-    // lambda (h); o_proj from hD; one softmax map per query head with d = dv = D. The head combination
+    // The V2 baseline is the standard attention with h heads (o_proj from hD); the head combination
     // a_2i - lambda a_2i+1 is elementwise, not counted.
-    const double query = s.differential ? 2 * h : h, tokens = b * n;
-    const double in_rows = query * d + 2 * g * d + (s.differential ? h : 0);
-    flop_count count{difftx_bench::linear_forward(tokens, in_rows, c) + difftx_bench::linear_forward(tokens, c, h * d) +
-                         difftx_bench::attention_forward(b, query, n, 1, d, d, s.causal),
-                     difftx_bench::linear_backward(tokens, in_rows, c) + difftx_bench::linear_backward(tokens, c, h * d) +
-                         difftx_bench::attention_backward(b, query, n, 1, d, d, s.causal)};
+    flop_count count = s.differential ? flop_count{difftx_bench::multihead_v2_forward(b, n, c, h, g, d, s.causal),
+                                                   difftx_bench::multihead_v2_backward(b, n, c, h, g, d, s.causal)}
+                                      : flop_count{difftx_bench::baseline_forward(b, n, c, h, g, d, s.causal),
+                                                   difftx_bench::baseline_backward(b, n, c, h, g, d, s.causal)};
     if (s.kind == "decoder_layer_v2") {
-      count.forward += 3 * difftx_bench::linear_forward(tokens, f, c);
-      count.backward += 3 * difftx_bench::linear_backward(tokens, f, c);
+      count.forward += 3 * difftx_bench::linear_forward(b * n, f, c);
+      count.backward += 3 * difftx_bench::linear_backward(b * n, f, c);
     }
     return count;
   }

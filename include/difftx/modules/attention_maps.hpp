@@ -146,10 +146,7 @@ AttentionMaps<accum_t<T>> attention_maps(const MultiHeadV2<T, D, Policy>& module
   return detail::attention_maps_from<T>(
       saved.input_shape, q.const_view().template reshape<5>({q.extent(0), q.extent(1), q.extent(2) / maps, maps, q.extent(4)}),
       saved.k.const_view(), lse.const_view().template reshape<4>({lse.extent(0), lse.extent(1) / maps, maps, lse.extent(3)}),
-      [&](index_t row, index_t head) {
-        using A = accum_t<T>;
-        return A(1.0) / (A(1.0) + scalar_traits<T>::exp(-load(logits(batch, row, head))));
-      },
+      [&](index_t row, index_t head) { return detail::sigmoid<T>(load(logits(batch, row, head))); },
       causal, batch, rows);
 }
 

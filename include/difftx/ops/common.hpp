@@ -21,6 +21,13 @@ enum class write_mode { assign, add };
 using token_t = std::int32_t;
 
 namespace detail {
+// sigmoid(z) = 1 / (1 + exp(-z)) in T's accumulation type (the SwiGLU gate, V2's lambda).
+template <Scalar T>
+accum_t<T> sigmoid(const accum_t<T>& z) {
+  using A = accum_t<T>;
+  return A(1.0) / (A(1.0) + scalar_traits<T>::exp(-z));
+}
+
 // require_all_in(where, memory_space::host, {{"x", x.space()}, {"y", y.space()}})
 // Every detail::check_<op> takes the memory space its policy computes in and
 // ends with this over the op's tensors, so a policy's entry makes one call.

@@ -2,7 +2,6 @@
 #pragma once
 
 #include "difftx/ops/diff_heads.hpp"
-#include "difftx/policy/reference/swiglu.hpp"
 #include "difftx/policy/reference/tag.hpp"
 
 namespace difftx {

@@ -6,14 +6,6 @@
 
 namespace difftx {
 
-namespace detail {
-template <Scalar T>
-accum_t<T> sigmoid(const accum_t<T>& z) {
-  using A = accum_t<T>;
-  return A(1.0) / (A(1.0) + scalar_traits<T>::exp(-z));
-}
-}  // namespace detail
-
 // h[M, F] = swish(g) ⊙ u
 template <Scalar T>
 void swiglu_gate_forward(const policy::reference&, cview<T, 2> g, cview<T, 2> u, TensorView<T, 2> h) {

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "difftx/ops/diff_heads.hpp"
@@ -32,7 +31,7 @@ void diff_heads_forward(const policy::simd& p, cview<T, 3> a, cview<T, 2> z, Ten
     std::vector<A> even, odd, out(static_cast<std::size_t>(D));
     for (index_t m = begin; m < end; ++m)
       for (index_t i = 0; i < h; ++i) {
-        const A lambda = A(1) / (A(1) + std::exp(-load(z(m, i))));
+        const A lambda = detail::sigmoid<T>(load(z(m, i)));
         const A* a1 = accum_row(a.data() + (m * 2 * h + 2 * i) * D, D, even);
         const A* a2 = accum_row(a.data() + (m * 2 * h + 2 * i + 1) * D, D, odd);
         row_map<A>(out.data(), D) = const_row_map<A>(a1, D) - lambda * const_row_map<A>(a2, D);
@@ -54,7 +53,7 @@ void diff_heads_backward(const policy::simd& p, cview<T, 3> a, cview<T, 2> z, cv
     std::vector<A> grad_row, odd, out(static_cast<std::size_t>(D));
     for (index_t m = begin; m < end; ++m)
       for (index_t i = 0; i < h; ++i) {
-        const A lambda = A(1) / (A(1) + std::exp(-load(z(m, i))));
+        const A lambda = detail::sigmoid<T>(load(z(m, i)));
         const T* grad_stored = d_o.data() + (m * h + i) * D;
         const A* grad = accum_row(grad_stored, D, grad_row);
         const A* a2 = accum_row(a.data() + (m * 2 * h + 2 * i + 1) * D, D, odd);
