@@ -330,6 +330,7 @@ void eigen_sgemm(benchmark::State& state) {
 int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("eigen_sgemm", eigen_sgemm)->Arg(1024)->Arg(2048)->UseRealTime()->Unit(benchmark::kMillisecond);
   register_token_ops<float, policy::simd>("simd", "float32", {2048});
+  register_token_ops<Eigen::bfloat16, policy::simd>("simd", "bfloat16", {2048});
   register_token_ops<float, policy::reference>("reference", "float32", {256});
   register_attention_op<2, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});
   register_attention_op<1, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});

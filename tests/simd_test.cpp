@@ -5,6 +5,7 @@
 // Results must not depend on the thread count beyond that tolerance.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <string>
 
 #include <difftx/difftx.hpp>
@@ -64,6 +65,45 @@ TEST_CASE("simd: RMSNorm and SwiGLU") {
                     {2, 9, C});
     check_all_types("SwiGLU C=" + std::to_string(C), [C]<class U, class P>() { return SwiGLU<U, P>(C, 2 * C + 3, P{}); },
                     {2, 9, C});
+  }
+}
+
+// float16/bfloat16 products go through reduced_gemm's blocks (gemm.hpp): sizes
+// that cross every block edge (66 rows, 128 columns, depth 256 and 512, 16-wide
+// panels, 4-wide dot blocks, vector tails), both write modes of dx, against
+// the reference in long double on the same values.
+template <class T>
+void check_reduced_linear(index_t M, index_t N, index_t K) {
+  using L = long double;
+  const auto x = test_support::random_tensor<T, 2>({M, K}, 11), w = test_support::random_tensor<T, 2>({N, K}, 12),
+             dy = test_support::random_tensor<T, 2>({M, N}, 13), start = test_support::random_tensor<T, 2>({M, K}, 14),
+             dw0 = test_support::random_tensor<T, 2>({N, K}, 15);
+  const auto xl = test_support::convert<L>(x), wl = test_support::convert<L>(w), dyl = test_support::convert<L>(dy);
+  Tensor<T, 2> y({M, N}), dx = start, dx_added = start, dw = dw0, dw_added = dw0;
+  Tensor<L, 2> y_ref({M, N}), dx_ref({M, K}), dx_added_ref = test_support::convert<L>(start), dw_ref = test_support::convert<L>(dw0),
+                            dw_added_ref = dw_ref;
+  const policy::simd fast{2};
+  linear_forward(fast, x.const_view(), w.const_view(), y.view());
+  linear_backward(fast, x.const_view(), w.const_view(), dy.const_view(), dx.view(), dw.view());
+  linear_backward(fast, x.const_view(), w.const_view(), dy.const_view(), dx_added.view(), dw_added.view(), write_mode::add);
+  const policy::reference ref;
+  linear_forward(ref, xl.const_view(), wl.const_view(), y_ref.view());
+  linear_backward(ref, xl.const_view(), wl.const_view(), dyl.const_view(), dx_ref.view(), dw_ref.view());
+  linear_backward(ref, xl.const_view(), wl.const_view(), dyl.const_view(), dx_added_ref.view(), dw_added_ref.view(),
+                  write_mode::add);
+  const double bar = testing::tolerance<T>::forward;
+  INFO(scalar_traits<T>::name << " M=" << M << " N=" << N << " K=" << K);
+  CHECK(testing::normwise_difference(y.data(), y_ref.data(), y.size()) <= bar);
+  CHECK(testing::normwise_difference(dx.data(), dx_ref.data(), dx.size()) <= bar);
+  CHECK(testing::normwise_difference(dx_added.data(), dx_added_ref.data(), dx.size()) <= bar);
+  CHECK(testing::normwise_difference(dw.data(), dw_ref.data(), dw.size()) <= bar);
+  CHECK(testing::normwise_difference(dw_added.data(), dw_added_ref.data(), dw.size()) <= bar);
+}
+
+TEST_CASE("simd: float16 and bfloat16 linear across the product's blocks") {
+  for (auto [M, N, K] : {std::array<index_t, 3>{1, 300, 77}, {133, 261, 530}, {67, 17, 1030}, {5, 3, 2}}) {
+    check_reduced_linear<Eigen::bfloat16>(M, N, K);
+    check_reduced_linear<Eigen::half>(M, N, K);
   }
 }
 

@@ -1,0 +1,189 @@
+// Matrix products on float16/bfloat16 storage with float arithmetic, without a
+// conversion pass over the operands.
+//
+// Eigen's GEMM computes in the scalar type it is given, so a bfloat16 product
+// through Eigen needs float copies of both operands (and of the result), made
+// and written back once per call: a pass over every weight on every forward.
+// Here the conversion is the packing step every blocked GEMM does anyway: each
+// thread owns blocks of C (block_rows x block_cols), converts the slices of A
+// and B it needs into its own float buffers (L2-sized, reused across calls),
+// runs register-tiled kernels on them, and rounds its block of C back to T
+// once. Float and double products stay with Eigen.
+//
+//   C[M, N] (=|+=) A[M, K] · B[K, N], in three layouts of A and B:
+//     a_rows  · b_columns   y  = x · wᵀ      (both contiguous along K: dot-product kernel)
+//     a_rows  · b_rows      dx = dy · w      (B contiguous along N: tile_product's kernel)
+//     a_columns · b_rows    dw += dyᵀ · x    (A stored [K, M])
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "difftx/policy/simd/common.hpp"
+#include "difftx/policy/simd/tile.hpp"
+
+namespace difftx::simd_detail {
+
+// How A[M, K] is stored: a[i·lda + p] (rows) or a[p·lda + i] (columns, i.e. Aᵀ row-major).
+enum class a_storage { rows, columns };
+// How B[K, N] is stored: b[p·ldb + j] (rows) or b[j·ldb + p] (columns, i.e. Bᵀ row-major).
+enum class b_storage { rows, columns };
+
+// Blocks: C's block_rows x block_cols block stays in L2 across the depth loop
+// (32 KB as float); so do the block_rows x depth slice of A and the
+// depth x block_cols slice of B that the kernels sweep.
+constexpr index_t block_rows = 66, block_cols = 128;
+
+// --- b_columns: the dot-product form (y = x · wᵀ) --------------------------
+// Both operands are read along K, so each output is a dot product: an R x 4
+// block keeps R·4 = W vector accumulators (W the vector width) and xsimd's
+// haddp reduces all of them across lanes at once. Depth 512: the A and B rows
+// the kernel streams (R + 4 rows of 2 KB) stay in L1.
+constexpr index_t dot_depth = 512, dot_cols = 4;
+
+template <class A>
+inline constexpr int dot_rows = static_cast<int>(vec<A>::size) / dot_cols;
+
+// C[r, c] += Σ_p a[r·lda + p] · b[c·ldb + p] for r < R, c < 4; k a multiple of W.
+template <int R, class A>
+inline void dot_micro_kernel(index_t k, const A* a, index_t lda, const A* b, index_t ldb, A* c, index_t ldc) noexcept {
+  using V = vec<A>;
+  constexpr index_t W = V::size;
+  V acc[W];  // acc[r·4 + n]; rows past R stay zero
+  for (auto& x : acc) x = V(A(0));
+  for (index_t p = 0; p < k; p += W) {
+    V av[R];
+    for (int r = 0; r < R; ++r) {
+      av[r] = V::load_unaligned(a + r * lda + p);
+      keep_in_register(av[r]);  // else each FMA reloads it: 12 loads per 8 FMAs
+    }
+    for (int n = 0; n < dot_cols; ++n) {
+      V bv = V::load_unaligned(b + n * ldb + p);
+      keep_in_register(bv);
+      for (int r = 0; r < R; ++r) acc[r * dot_cols + n] = xsimd::fma(av[r], bv, acc[r * dot_cols + n]);
+    }
+  }
+  alignas(64) A sums[W];
+  xsimd::haddp(acc).store_aligned(sums);
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < dot_cols; ++n) c[r * ldc + n] += sums[r * dot_cols + n];
+}
+
+// C[m, n] += A[m, k] · B[n, k]ᵀ, B padded with zero rows to a multiple of 4.
+template <class A>
+void dot_tile_product(index_t m, index_t n, index_t k, const A* a, index_t lda, const A* b, index_t ldb, A* c,
+                      index_t ldc) noexcept {
+  constexpr int R = dot_rows<A>;
+  for (index_t j = 0; j < n; j += dot_cols) {
+    index_t i = 0;
+    for (; i + R <= m; i += R) dot_micro_kernel<R>(k, a + i * lda, lda, b + j * ldb, ldb, c + i * ldc + j, ldc);
+    for (; i < m; ++i) dot_micro_kernel<1>(k, a + i * lda, lda, b + j * ldb, ldb, c + i * ldc + j, ldc);
+  }
+}
+
+// --- b_rows: the broadcast form (dx = dy · w, dw += dyᵀ · x) ----------------
+// tile.hpp's micro-kernel, 6 rows x panel_cols: B is packed in panels of
+// panel_cols columns, each [depth][panel_cols] contiguous, so the panel a
+// kernel sweeps (16 KB at depth 256) stays in L1 (rows of a wider block would
+// share few L1 sets); C's block is padded to whole panels.
+constexpr index_t axpy_depth = 256;
+constexpr int axpy_rows = 6, axpy_vectors = vec<float>::size >= 16 ? 4 : 2;
+template <class A>
+inline constexpr index_t panel_cols = axpy_vectors * static_cast<index_t>(vec<A>::size);
+
+template <a_layout Layout, class A>
+void panel_product(index_t m, index_t n_pad, index_t k, const A* a, index_t lda, const A* b_panels, A* c,
+                   index_t ldc) noexcept {
+  constexpr index_t P = panel_cols<A>;
+  auto row_at = [&](index_t i) { return Layout == a_layout::rows ? a + i * lda : a + i; };
+  for (index_t j = 0; j < n_pad; j += P) {
+    const A* panel = b_panels + j * k;
+    index_t i = 0;
+    for (; i + axpy_rows <= m; i += axpy_rows)
+      micro_kernel<axpy_rows, axpy_vectors, Layout>(k, row_at(i), lda, panel, P, c + i * ldc + j, ldc, true);
+    for (; i < m; ++i) micro_kernel<1, axpy_vectors, Layout>(k, row_at(i), lda, panel, P, c + i * ldc + j, ldc, true);
+  }
+}
+
+// rows x cols values of T (row t at src + t·ld) as float at dst (row stride
+// dst_ld); columns [cols, dst_ld) are zeroed.
+template <class T>
+void pack_rows(const T* src, index_t ld, index_t rows, index_t cols, accum_t<T>* dst, index_t dst_ld) {
+  for (index_t t = 0; t < rows; ++t) {
+    to_accum(src + t * ld, cols, dst + t * dst_ld);
+    std::fill(dst + t * dst_ld + cols, dst + (t + 1) * dst_ld, accum_t<T>(0));
+  }
+}
+// B's rows [k][n] into panels [n_pad / P][k][P], zero-padded to n_pad columns.
+template <class T>
+void pack_panels(const T* src, index_t ld, index_t k, index_t n, index_t n_pad, accum_t<T>* dst) {
+  constexpr index_t P = panel_cols<accum_t<T>>;
+  for (index_t j = 0; j < n_pad; j += P)
+    pack_rows(src + j, ld, k, std::clamp<index_t>(n - j, 0, P), dst + j * k, P);
+}
+
+// The per-thread float buffers: they outlive the call, so that repeated small
+// products (decoding) do not allocate and fault in fresh pages every time.
+template <class A>
+struct gemm_scratch {
+  std::vector<A> a, b, c;
+  static gemm_scratch& local() {
+    thread_local gemm_scratch scratch;
+    return scratch;
+  }
+};
+
+template <a_storage AS, b_storage BS, class T>
+  requires(!std::is_same_v<T, accum_t<T>>)
+void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const T* a, index_t lda, const T* b,
+                  index_t ldb, T* c, index_t ldc, bool accumulate) {
+  static_assert(!(AS == a_storage::columns && BS == b_storage::columns), "no product uses Aᵀ · Bᵀ");
+  using A = accum_t<T>;
+  constexpr index_t W = vec<A>::size;
+  constexpr bool dot_form = BS == b_storage::columns;
+  constexpr index_t depth = dot_form ? dot_depth : axpy_depth;
+  constexpr index_t col_align = dot_form ? dot_cols : panel_cols<A>;
+  const index_t row_blocks = (M + block_rows - 1) / block_rows, col_blocks = (N + block_cols - 1) / block_cols;
+  const index_t blocks = row_blocks * col_blocks;
+  const int threads = static_cast<int>(std::min<index_t>(thread_count(p), blocks));
+
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+  for (index_t block = 0; block < blocks; ++block) {
+    auto& scratch = gemm_scratch<A>::local();
+    const index_t i0 = block / col_blocks * block_rows, j0 = block % col_blocks * block_cols;
+    const index_t m = std::min(block_rows, M - i0), n = std::min(block_cols, N - j0);
+    const index_t n_pad = (n + col_align - 1) / col_align * col_align;
+    scratch.a.resize(static_cast<std::size_t>(block_rows * depth));
+    scratch.b.resize(static_cast<std::size_t>((block_cols + col_align) * depth));
+    scratch.c.resize(static_cast<std::size_t>(block_rows * (block_cols + col_align)));
+    A *ab = scratch.a.data(), *bb = scratch.b.data(), *cb = scratch.c.data();
+    for (index_t i = 0; i < m; ++i) {
+      if (accumulate)
+        to_accum(c + (i0 + i) * ldc + j0, n, cb + i * n_pad);
+      else
+        std::fill(cb + i * n_pad, cb + i * n_pad + n, A(0));
+    }
+    for (index_t p0 = 0; p0 < K; p0 += depth) {
+      const index_t k = std::min(depth, K - p0);
+      if constexpr (dot_form) {
+        const index_t k_pad = (k + W - 1) / W * W;  // the kernel reads whole vectors
+        pack_rows(a + i0 * lda + p0, lda, m, k, ab, k_pad);
+        pack_rows(b + j0 * ldb + p0, ldb, n, k, bb, k_pad);
+        std::fill(bb + n * k_pad, bb + n_pad * k_pad, A(0));
+        dot_tile_product(m, n_pad, k_pad, ab, k_pad, bb, k_pad, cb, n_pad);
+      } else {
+        pack_panels(b + p0 * ldb + j0, ldb, k, n, n_pad, bb);
+        if constexpr (AS == a_storage::rows) {
+          pack_rows(a + i0 * lda + p0, lda, m, k, ab, k);  // [m][k]
+          panel_product<a_layout::rows>(m, n_pad, k, ab, k, bb, cb, n_pad);
+        } else {
+          pack_rows(a + p0 * lda + i0, lda, k, m, ab, m);  // [k][m]
+          panel_product<a_layout::transposed>(m, n_pad, k, ab, m, bb, cb, n_pad);
+        }
+      }
+    }
+    for (index_t i = 0; i < m; ++i) from_accum(cb + i * n_pad, n, c + (i0 + i) * ldc + j0);
+  }
+}
+
+}  // namespace difftx::simd_detail
