@@ -314,6 +314,35 @@ void register_decoding(const std::string& policy, const std::string& dtype, std:
       [] { return DecoderLayerV2<T, D, Policy>({{.d_model = C, .heads = 2 * h, .kv_heads = 2 * h}, F}); });
 }
 
+// Small problems per thread: a DecoderLayer at B = 8, N = 128, C = 128, h = 4
+// (D = 16, F = 384, as `difftx bench` sizes it), forward + backward on 1 and 2
+// threads: "DecoderLayer/simd/float32/forward_backward/small/threads:<t>".
+void register_small_shape() {
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark(
+        ("DecoderLayer/simd/float32/forward_backward/small/threads:" + std::to_string(threads)).c_str(),
+        [=](benchmark::State& state) {
+          constexpr index_t B = 8, N = 128, Cs = 128, hs = 4, Ds = 16, Fs = 384;
+          DecoderLayer<float, Ds, policy::simd> layer({{.d_model = Cs, .heads = hs, .kv_heads = hs}, Fs},
+                                                      policy::simd{threads});
+          Tensor<float, 3> x({B, N, Cs}), dy({B, N, Cs}), y({B, N, Cs}), dx({B, N, Cs});
+          random_stream rng(1);
+          fill_normal(x.view(), rng);
+          fill_normal(dy.view(), rng);
+          DecoderLayer<float, Ds, policy::simd>::saved_type saved;
+          for (auto _ : state) {
+            layer.forward(x, y, saved);
+            layer.backward(x, dy, saved, dx);
+            benchmark::ClobberMemory();
+          }
+          set_counters(state,
+                       fl::decoder_forward(B, N, Cs, hs, hs, Ds, Fs, true) + fl::decoder_backward(B, N, Cs, hs, hs, Ds, Fs, true),
+                       static_cast<double>(B * N));
+        })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+}
+
 // Eigen's single-precision GEMM at a square size: the rate the kernels are measured against.
 void eigen_sgemm(benchmark::State& state) {
   const auto n = static_cast<Eigen::Index>(state.range(0));
@@ -340,6 +369,7 @@ int main(int argc, char** argv) {
   register_modules<float, policy::reference>("reference", "float32", {256});
   register_head_dim_paths<float, policy::simd>("simd", "float32", 1024);
   register_head_dim_paths<float, policy::reference>("reference", "float32", 128);
+  register_small_shape();
   register_decoding<float, policy::simd>("simd", "float32", {1024, 4096});
   register_decoding<Eigen::bfloat16, policy::simd>("simd", "bfloat16", {1024});
   benchmark::Initialize(&argc, argv);

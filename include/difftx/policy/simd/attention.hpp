@@ -2,20 +2,24 @@
 // difftx/ops/attention.hpp), in the manner of FlashAttention-2: memory linear
 // in N, no N x N matrix ever stored.
 //
-// Forward, per (batch row, head, block of 64 queries): stream the key/value
-// blocks once; for each map keep the running row maximum, row sum and an
-// accumulator of P·V (two accumulators for differential attention, since the
-// backward needs O_2 on its own); skip key blocks wholly after the queries
-// (causal); finally O = O_1 - λ O_2 and the log-sum-exp of every row.
+// Forward: one parallel region packs the keys and values of every (batch
+// row, key/value group) pair (a float copy the size of k and v), then takes
+// items (pair, block of 64 queries, head), largest first. Each item streams the
+// key/value blocks once; for each map it keeps the running row maximum, row
+// sum and an accumulator of P·V (two accumulators for differential attention,
+// since the backward needs O_2 on its own); skips key blocks wholly after the
+// queries (causal); finally O = O_1 - λ O_2 and the log-sum-exp of every row.
 //
-// Backward, per (batch row, group, block of 64 keys): dK and dV of the block
-// stay in the thread's tiles while every query block of every head of the group
-// that sees these keys passes by; probabilities are recomputed from the saved
-// log-sum-exp; dQ goes to per-thread accumulators summed at the end.
+// Backward, per pair and block of 64 keys: dK and dV of the block stay in the
+// thread's tiles while every query block of every head of the group that sees
+// these keys passes by; probabilities are recomputed from the saved
+// log-sum-exp. With at least as many pairs as threads, each thread takes whole
+// pairs and owns their dQ; with fewer, the threads share a pair's key blocks,
+// each with a dQ accumulator, summed at the end.
 //
-// Operands are converted once per (batch row, group) into A-typed copies laid
-// out for tile_product (keys and values also transposed), padded to whole
-// blocks with zeros; masked and padded entries get probability 0.
+// Operands are converted into A-typed copies laid out for tile_product (keys
+// and values also transposed), padded to whole blocks with zeros; masked and
+// padded entries get probability 0.
 #pragma once
 
 #include <algorithm>
@@ -41,7 +45,7 @@ inline index_t round_up(index_t n, index_t to) { return (n + to - 1) / to * to; 
 // whenever n_pad is a multiple of 1024).
 template <class A>
 struct packed_keys {
-  index_t n_pad = 0;
+  index_t n_pad = 0, maps = 1;
   std::vector<A> kt;  // [blocks][Maps][d][Bs]  S = Q · kt
   std::vector<A> k;   // [Maps][n_pad][d]       dQ = dS · k          (backward)
   std::vector<A> v;   // [n_pad][dv]            O += P · v
@@ -49,40 +53,58 @@ struct packed_keys {
   // The tile of kt / vt for key block kb (map m).
   const A* kt_tile(index_t kb, index_t m, index_t d) const { return kt.data() + ((kb * maps + m) * d) * attention_block; }
   const A* vt_tile(index_t kb, index_t dv) const { return vt.data() + kb * dv * attention_block; }
-  index_t maps = 1;
+
+  // Zeroed buffers for N keys (padding stays zero).
+  void reset(index_t N, index_t Maps, index_t d, index_t dv, bool for_backward) {
+    n_pad = round_up(N, attention_block);
+    maps = Maps;
+    auto zeroed = [](std::vector<A>& buffer, index_t size) { buffer.assign(static_cast<std::size_t>(size), A(0)); };
+    zeroed(kt, Maps * d * n_pad);
+    zeroed(v, n_pad * dv);
+    zeroed(k, for_backward ? Maps * n_pad * d : 0);
+    zeroed(vt, for_backward ? dv * n_pad : 0);
+  }
 };
 
+// Key and value t of (batch row b, group j) into their places in out.
 template <int Maps, class T>
-void pack_keys(const policy::simd& p, cview<T, 5> k, cview<T, 4> v, index_t b, index_t j, bool for_backward,
-               packed_keys<accum_t<T>>& out) {
+void pack_key(cview<T, 5> k, cview<T, 4> v, index_t b, index_t j, index_t t, packed_keys<accum_t<T>>& out,
+              std::vector<accum_t<T>>& row_scratch) {
   using A = accum_t<T>;
   const index_t N = k.extent(1), G = k.extent(2), d = k.extent(4), dv = v.extent(3);
   constexpr index_t Bs = attention_block;
-  const index_t n_pad = round_up(N, Bs);
-  out.n_pad = n_pad;
-  out.maps = Maps;
-  auto zeroed = [](std::vector<A>& buffer, index_t size) { buffer.assign(static_cast<std::size_t>(size), A(0)); };
-  zeroed(out.kt, Maps * d * n_pad);
-  zeroed(out.v, n_pad * dv);
-  if (for_backward) {
-    zeroed(out.k, Maps * n_pad * d);
-    zeroed(out.vt, dv * n_pad);
+  const bool for_backward = !out.k.empty();
+  for (index_t m = 0; m < Maps; ++m) {
+    const A* row = accum_row(k.data() + (((b * N + t) * G + j) * Maps + m) * d, d, row_scratch);
+    for (index_t c = 0; c < d; ++c) out.kt[static_cast<std::size_t>((((t / Bs) * Maps + m) * d + c) * Bs + t % Bs)] = row[c];
+    if (for_backward) std::copy(row, row + d, out.k.begin() + (m * out.n_pad + t) * d);
   }
-#pragma omp parallel for num_threads(thread_count(p)) schedule(static)
-  for (index_t t = 0; t < N; ++t) {
-    std::vector<A> row_scratch;
-    for (index_t m = 0; m < Maps; ++m) {
-      const A* row = accum_row(k.data() + (((b * N + t) * G + j) * Maps + m) * d, d, row_scratch);
-      for (index_t c = 0; c < d; ++c)
-        out.kt[static_cast<std::size_t>((((t / Bs) * Maps + m) * d + c) * Bs + t % Bs)] = row[c];
-      if (for_backward) std::copy(row, row + d, out.k.begin() + (m * n_pad + t) * d);
-    }
-    const A* row = accum_row(v.data() + ((b * N + t) * G + j) * dv, dv, row_scratch);
-    std::copy(row, row + dv, out.v.begin() + t * dv);
-    if (for_backward)
-      for (index_t c = 0; c < dv; ++c) out.vt[static_cast<std::size_t>(((t / Bs) * dv + c) * Bs + t % Bs)] = row[c];
-  }
+  const A* row = accum_row(v.data() + ((b * N + t) * G + j) * dv, dv, row_scratch);
+  std::copy(row, row + dv, out.v.begin() + t * dv);
+  if (for_backward)
+    for (index_t c = 0; c < dv; ++c) out.vt[static_cast<std::size_t>(((t / Bs) * dv + c) * Bs + t % Bs)] = row[c];
 }
+
+// One pair's keys, queries and output gradients, packed for the backward.
+template <class A>
+struct packed_pair {
+  packed_keys<A> keys;
+  std::vector<A> q;    // [r][Maps][n_pad][d], scaled by 1/sqrt(d)
+  std::vector<A> d_o;  // [r][n_pad][dv]
+};
+
+// A thread's tiles for the backward of one key block.
+template <class A>
+struct backward_tiles {
+  std::vector<A> probabilities, weight, dp, ds, dk, dv;
+  backward_tiles(index_t maps, index_t d, index_t dv_size)
+      : probabilities(static_cast<std::size_t>(maps * attention_block * attention_block)),
+        weight(static_cast<std::size_t>(attention_block * attention_block)),
+        dp(weight.size()),
+        ds(weight.size()),
+        dk(static_cast<std::size_t>(maps * attention_block * d)),
+        dv(static_cast<std::size_t>(attention_block * dv_size)) {}
+};
 
 // How many keys of key block t0 row i may see: 0 for padded rows.
 inline index_t visible_keys(index_t i, index_t t0, index_t N, bool causal) {
@@ -150,75 +172,81 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
   const index_t r = H / G, dv = v.extent(3), blocks = round_up(N, Bs) / Bs;
   const A scale = A(1) / std::sqrt(static_cast<A>(d));
   const A lam = Maps == 2 ? lambda(0) : A(0);
-  packed_keys<A> keys;
+  const index_t pairs = B * G;  // (batch row, key/value group)
+  std::vector<packed_keys<A>> keys(static_cast<std::size_t>(pairs));
+  for (auto& pair_keys : keys) pair_keys.reset(N, Maps, d, dv, false);
 
-  for (index_t b = 0; b < B; ++b)
-    for (index_t j = 0; j < G; ++j) {
-      pack_keys<Maps, T>(p, k, v, b, j, false, keys);
+  // One parallel region: pack every pair's keys, then every (pair, query block,
+  // head) item, so that short sequences still give each thread several items.
 #pragma omp parallel num_threads(thread_count(p))
-      {
-        std::vector<A> q_tile(static_cast<std::size_t>(Maps * Bs * d)), s(static_cast<std::size_t>(Bs * Bs)),
-            acc(static_cast<std::size_t>(Maps * Bs * dv)), running_max(static_cast<std::size_t>(Maps * Bs)),
-            running_sum(static_cast<std::size_t>(Maps * Bs)), row_scratch;
-        // Items from the last query block down: with a causal mask they are the largest.
+  {
+    std::vector<A> q_tile(static_cast<std::size_t>(Maps * Bs * d)), s(static_cast<std::size_t>(Bs * Bs)),
+        acc(static_cast<std::size_t>(Maps * Bs * dv)), running_max(static_cast<std::size_t>(Maps * Bs)),
+        running_sum(static_cast<std::size_t>(Maps * Bs)), row_scratch;
+#pragma omp for schedule(static)
+    for (index_t key = 0; key < pairs * N; ++key)
+      pack_key<Maps, T>(k, v, key / N / G, key / N % G, key % N, keys[static_cast<std::size_t>(key / N)], row_scratch);
+
+    // Items from the last query block down: with a causal mask they are the largest.
 #pragma omp for schedule(dynamic, 1)
-        for (index_t item = 0; item < r * blocks; ++item) {
-          const index_t qb = blocks - 1 - item / r, h = j * r + item % r, i0 = qb * Bs;
-          const index_t rows = std::min(Bs, N - i0);
-          std::fill(q_tile.begin(), q_tile.end(), A(0));
-          for (index_t i = 0; i < rows; ++i)
-            for (index_t m = 0; m < Maps; ++m) {
-              const A* row = accum_row(q.data() + (((b * N + i0 + i) * H + h) * Maps + m) * d, d, row_scratch);
-              for (index_t c = 0; c < d; ++c) q_tile[static_cast<std::size_t>((m * Bs + i) * d + c)] = row[c] * scale;
-            }
-          std::fill(acc.begin(), acc.end(), A(0));
-          std::fill(running_max.begin(), running_max.end(), -std::numeric_limits<A>::infinity());
-          std::fill(running_sum.begin(), running_sum.end(), A(0));
+    for (index_t item = 0; item < blocks * pairs * r; ++item) {
+      const index_t qb = blocks - 1 - item / (pairs * r), pair = item / r % pairs, b = pair / G, j = pair % G;
+      const index_t h = j * r + item % r, i0 = qb * Bs;
+      const index_t rows = std::min(Bs, N - i0);
+      const packed_keys<A>& pair_keys = keys[static_cast<std::size_t>(pair)];
+      std::fill(q_tile.begin(), q_tile.end(), A(0));
+      for (index_t i = 0; i < rows; ++i)
+        for (index_t m = 0; m < Maps; ++m) {
+          const A* row = accum_row(q.data() + (((b * N + i0 + i) * H + h) * Maps + m) * d, d, row_scratch);
+          for (index_t c = 0; c < d; ++c) q_tile[static_cast<std::size_t>((m * Bs + i) * d + c)] = row[c] * scale;
+        }
+      std::fill(acc.begin(), acc.end(), A(0));
+      std::fill(running_max.begin(), running_max.end(), -std::numeric_limits<A>::infinity());
+      std::fill(running_sum.begin(), running_sum.end(), A(0));
 
-          const index_t kb_end = causal ? qb + 1 : blocks;
-          for (index_t kb = 0; kb < kb_end; ++kb) {
-            const index_t t0 = kb * Bs;
-            for (index_t m = 0; m < Maps; ++m) {
-              A* acc_m = acc.data() + m * Bs * dv;
-              tile_product<a_layout::rows>(Bs, Bs, d, q_tile.data() + m * Bs * d, d, keys.kt_tile(kb, m, d), Bs, s.data(),
-                                           Bs, false);
-              for (index_t i = 0; i < rows; ++i) {
-                A* s_row = s.data() + i * Bs;
-                const index_t visible = visible_keys(i0 + i, t0, N, causal);
-                const auto mi = static_cast<std::size_t>(m * Bs + i);
-                const A new_max = std::max(running_max[mi], row_max(s_row, visible));
-                exponentiate(s_row, visible, new_max);
-                if (new_max > running_max[mi]) {  // else the old terms keep their scale
-                  const A rescale = std::exp(running_max[mi] - new_max);  // 0 on the first block
-                  running_sum[mi] *= rescale;
-                  scale_in_place(acc_m + i * dv, dv, rescale);
-                  running_max[mi] = new_max;
-                }
-                running_sum[mi] += sum(s_row, visible);
-              }
-              for (index_t i = rows; i < Bs; ++i) std::fill(s.begin() + i * Bs, s.begin() + (i + 1) * Bs, A(0));
-              tile_product<a_layout::rows>(Bs, dv, Bs, s.data(), Bs, keys.v.data() + t0 * dv, dv, acc_m, dv, true);
-            }
-          }
-
+      const index_t kb_end = causal ? qb + 1 : blocks;
+      for (index_t kb = 0; kb < kb_end; ++kb) {
+        const index_t t0 = kb * Bs;
+        for (index_t m = 0; m < Maps; ++m) {
+          A* acc_m = acc.data() + m * Bs * dv;
+          tile_product<a_layout::rows>(Bs, Bs, d, q_tile.data() + m * Bs * d, d, pair_keys.kt_tile(kb, m, d), Bs,
+                                       s.data(), Bs, false);
           for (index_t i = 0; i < rows; ++i) {
-            const index_t row = ((b * N + i0 + i) * H + h) * dv;
-            for (index_t m = 0; m < Maps; ++m) {
-              const auto mi = static_cast<std::size_t>(m * Bs + i);
-              lse(b, h, m, i0 + i) = running_max[mi] + std::log(running_sum[mi]);
-              scale_in_place(acc.data() + (m * Bs + i) * dv, dv, A(1) / running_sum[mi]);
+            A* s_row = s.data() + i * Bs;
+            const index_t visible = visible_keys(i0 + i, t0, N, causal);
+            const auto mi = static_cast<std::size_t>(m * Bs + i);
+            const A new_max = std::max(running_max[mi], row_max(s_row, visible));
+            exponentiate(s_row, visible, new_max);
+            if (new_max > running_max[mi]) {  // else the old terms keep their scale
+              const A rescale = std::exp(running_max[mi] - new_max);  // 0 on the first block
+              running_sum[mi] *= rescale;
+              scale_in_place(acc_m + i * dv, dv, rescale);
+              running_max[mi] = new_max;
             }
-            A* o_first = acc.data() + i * dv;
-            if constexpr (Maps == 2) {
-              const A* o_second = acc.data() + (Bs + i) * dv;
-              from_accum(o_second, dv, o2.data() + row);
-              for (index_t c = 0; c < dv; ++c) o_first[c] -= lam * o_second[c];
-            }
-            from_accum(o_first, dv, o.data() + row);
+            running_sum[mi] += sum(s_row, visible);
           }
+          for (index_t i = rows; i < Bs; ++i) std::fill(s.begin() + i * Bs, s.begin() + (i + 1) * Bs, A(0));
+          tile_product<a_layout::rows>(Bs, dv, Bs, s.data(), Bs, pair_keys.v.data() + t0 * dv, dv, acc_m, dv, true);
         }
       }
+
+      for (index_t i = 0; i < rows; ++i) {
+        const index_t row = ((b * N + i0 + i) * H + h) * dv;
+        for (index_t m = 0; m < Maps; ++m) {
+          const auto mi = static_cast<std::size_t>(m * Bs + i);
+          lse(b, h, m, i0 + i) = running_max[mi] + std::log(running_sum[mi]);
+          scale_in_place(acc.data() + (m * Bs + i) * dv, dv, A(1) / running_sum[mi]);
+        }
+        A* o_first = acc.data() + i * dv;
+        if constexpr (Maps == 2) {
+          const A* o_second = acc.data() + (Bs + i) * dv;
+          from_accum(o_second, dv, o2.data() + row);
+          for (index_t c = 0; c < dv; ++c) o_first[c] -= lam * o_second[c];
+        }
+        from_accum(o_first, dv, o.data() + row);
+      }
     }
+  }
 }
 
 // do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,N,G,Maps,d], dv [B,N,G,dv], dlambda [1] (all assigned)
@@ -265,115 +293,147 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
   }
   if constexpr (Maps == 2) dlambda(0) = dlambda_total;
 
-  packed_keys<A> keys;
-  std::vector<A> q_packed, do_packed;  // [r][Maps][n_pad][d] scaled by 1/sqrt(d); [r][n_pad][dv]
-  std::vector<std::vector<A>> dq_partial(static_cast<std::size_t>(threads));
-  for (index_t b = 0; b < B; ++b)
-    for (index_t j = 0; j < G; ++j) {
-      pack_keys<Maps, T>(p, k, v, b, j, true, keys);
-      q_packed.assign(static_cast<std::size_t>(r * Maps * n_pad * d), A(0));
-      do_packed.assign(static_cast<std::size_t>(r * n_pad * dv_size), A(0));
-      for (auto& partial : dq_partial) partial.clear();  // a thread absent from the next team adds nothing
-#pragma omp parallel for num_threads(threads) schedule(static)
-      for (index_t i = 0; i < N; ++i) {
-        std::vector<A> scratch;
-        for (index_t hl = 0; hl < r; ++hl) {
-          const index_t h = j * r + hl;
-          for (index_t m = 0; m < Maps; ++m) {
-            const A* row = accum_row(q.data() + (((b * N + i) * H + h) * Maps + m) * d, d, scratch);
-            A* dst = q_packed.data() + ((hl * Maps + m) * n_pad + i) * d;
-            for (index_t c = 0; c < d; ++c) dst[c] = row[c] * scale;
+  // Per (batch row, group) pair: its keys, queries and output gradients packed
+  // as A, then per key block of 64: dK and dV of the block stay in the thread's
+  // tiles while every query block of every head of the group that sees these
+  // keys passes by, and dQ's contributions go to a [r][Maps][n_pad][d] accumulator.
+  const index_t pairs = B * G;
+  auto reset = [&](packed_pair<A>& packed) {
+    packed.keys.reset(N, Maps, d, dv_size, true);
+    packed.q.assign(static_cast<std::size_t>(r * Maps * n_pad * d), A(0));  // scaled by 1/sqrt(d)
+    packed.d_o.assign(static_cast<std::size_t>(r * n_pad * dv_size), A(0));
+  };
+  auto pack_row = [&](index_t pair, index_t i, packed_pair<A>& packed, std::vector<A>& scratch) {
+    const index_t b = pair / G, j = pair % G;
+    pack_key<Maps, T>(k, v, b, j, i, packed.keys, scratch);
+    for (index_t hl = 0; hl < r; ++hl) {
+      const index_t h = j * r + hl;
+      for (index_t m = 0; m < Maps; ++m) {
+        const A* row = accum_row(q.data() + (((b * N + i) * H + h) * Maps + m) * d, d, scratch);
+        A* dst = packed.q.data() + ((hl * Maps + m) * n_pad + i) * d;
+        for (index_t c = 0; c < d; ++c) dst[c] = row[c] * scale;
+      }
+      const A* g = accum_row(d_o.data() + ((b * N + i) * H + h) * dv_size, dv_size, scratch);
+      std::copy(g, g + dv_size, packed.d_o.begin() + (hl * n_pad + i) * dv_size);
+    }
+  };
+  auto key_block = [&](index_t pair, const packed_pair<A>& packed, index_t kb, A* dq_acc, backward_tiles<A>& tiles) {
+    const index_t b = pair / G, j = pair % G, t0 = kb * Bs;
+    const packed_keys<A>& keys = packed.keys;
+    A *probabilities = tiles.probabilities.data(), *weight = tiles.weight.data(), *dp = tiles.dp.data(),
+      *ds = tiles.ds.data(), *dk_tile = tiles.dk.data(), *dv_tile = tiles.dv.data();
+    std::fill(tiles.dk.begin(), tiles.dk.end(), A(0));
+    std::fill(tiles.dv.begin(), tiles.dv.end(), A(0));
+    for (index_t hl = 0; hl < r; ++hl) {
+      const index_t h = j * r + hl;
+      for (index_t qb = causal ? kb : 0; qb < blocks; ++qb) {
+        const index_t i0 = qb * Bs;
+        const A* do_tile = packed.d_o.data() + (hl * n_pad + i0) * dv_size;
+        // P_m = exp(S_m - lse_m), masked; weight = Σ_m c_m P_m
+        for (index_t m = 0; m < Maps; ++m) {
+          A* pm = probabilities + m * Bs * Bs;
+          const A* q_tile = packed.q.data() + ((hl * Maps + m) * n_pad + i0) * d;
+          tile_product<a_layout::rows>(Bs, Bs, d, q_tile, d, keys.kt_tile(kb, m, d), Bs, pm, Bs, false);
+          for (index_t i = 0; i < Bs; ++i) {
+            const index_t visible = visible_keys(i0 + i, t0, N, causal);
+            const A row_lse = visible > 0 ? lse(b, h, m, i0 + i) : A(0);
+            exponentiate(pm + i * Bs, visible, row_lse);
           }
-          const A* g = accum_row(d_o.data() + ((b * N + i) * H + h) * dv_size, dv_size, scratch);
-          std::copy(g, g + dv_size, do_packed.begin() + (hl * n_pad + i) * dv_size);
+        }
+        for (index_t e = 0; e < Bs * Bs; ++e) {
+          A w = probabilities[e];
+          if constexpr (Maps == 2) w += coeff[1] * probabilities[Bs * Bs + e];
+          weight[e] = w;
+        }
+        // dV += weightᵀ dO;  dP = dO Vᵀ
+        tile_product<a_layout::transposed>(Bs, dv_size, Bs, weight, Bs, do_tile, dv_size, dv_tile, dv_size, true);
+        tile_product<a_layout::rows>(Bs, Bs, dv_size, do_tile, dv_size, keys.vt_tile(kb, dv_size), Bs, dp, Bs, false);
+        for (index_t m = 0; m < Maps; ++m) {
+          // dS_m = c_m P_m ⊙ (dP - D_m), with respect to the scaled scores
+          const A* pm = probabilities + m * Bs * Bs;
+          for (index_t i = 0; i < Bs; ++i) {
+            const A rowsum =
+                i0 + i < N ? rowsum_do_o[static_cast<std::size_t>(((b * H + h) * Maps + m) * N + i0 + i)] : A(0);
+            for (index_t t = 0; t < Bs; ++t) ds[i * Bs + t] = coeff[m] * pm[i * Bs + t] * (dp[i * Bs + t] - rowsum);
+          }
+          // dQ_m += dS_m K_m (scaled by 1/sqrt(d) when stored); dK_m += dS_mᵀ (Q_m / sqrt(d))
+          tile_product<a_layout::rows>(Bs, d, Bs, ds, Bs, keys.k.data() + (m * n_pad + t0) * d, d,
+                                       dq_acc + ((hl * Maps + m) * n_pad + i0) * d, d, true);
+          tile_product<a_layout::transposed>(Bs, d, Bs, ds, Bs, packed.q.data() + ((hl * Maps + m) * n_pad + i0) * d, d,
+                                             dk_tile + m * Bs * d, d, true);
         }
       }
+    }
+    for (index_t t = t0; t < std::min(N, t0 + Bs); ++t) {
+      for (index_t m = 0; m < Maps; ++m)
+        from_accum(dk_tile + (m * Bs + t - t0) * d, d, dk.data() + (((b * N + t) * G + j) * Maps + m) * d);
+      from_accum(dv_tile + (t - t0) * dv_size, dv_size, dv.data() + ((b * N + t) * G + j) * dv_size);
+    }
+  };
+  // dQ of row i of the pair: the sum of the accumulators, / sqrt(d).
+  auto store_dq = [&](index_t pair, index_t i, const std::vector<const A*>& accumulators, std::vector<A>& row) {
+    const index_t b = pair / G, j = pair % G;
+    row.resize(static_cast<std::size_t>(d));
+    for (index_t hl = 0; hl < r; ++hl)
+      for (index_t m = 0; m < Maps; ++m) {
+        const index_t offset = ((hl * Maps + m) * n_pad + i) * d;
+        std::fill(row.begin(), row.end(), A(0));
+        for (const A* acc : accumulators)
+          for (index_t c = 0; c < d; ++c) row[static_cast<std::size_t>(c)] += acc[offset + c];
+        for (auto& x : row) x *= scale;
+        from_accum(row.data(), d, dq.data() + (((b * N + i) * H + j * r + hl) * Maps + m) * d);
+      }
+  };
+  const auto dq_size = static_cast<std::size_t>(r * Maps * n_pad * d);
 
+  if (pairs >= threads) {
+    // Enough pairs for every thread: a thread takes a whole pair, so its dQ
+    // accumulator is the only one and nothing is reduced.
+#pragma omp parallel num_threads(threads)
+    {
+      packed_pair<A> packed;
+      backward_tiles<A> tiles(Maps, d, dv_size);
+      std::vector<A> dq_acc, scratch;
+#pragma omp for schedule(dynamic, 1)
+      for (index_t pair = 0; pair < pairs; ++pair) {
+        reset(packed);
+        for (index_t i = 0; i < N; ++i) pack_row(pair, i, packed, scratch);
+        dq_acc.assign(dq_size, A(0));
+        for (index_t kb = 0; kb < blocks; ++kb) key_block(pair, packed, kb, dq_acc.data(), tiles);
+        const std::vector<const A*> accumulators{dq_acc.data()};
+        for (index_t i = 0; i < N; ++i) store_dq(pair, i, accumulators, scratch);
+      }
+    }
+  } else {
+    // Fewer pairs than threads: the threads share each pair's key blocks, each
+    // with its own dQ accumulator, summed at the end.
+    packed_pair<A> packed;
+    std::vector<std::vector<A>> dq_partial(static_cast<std::size_t>(threads));
+    for (index_t pair = 0; pair < pairs; ++pair) {
+      reset(packed);
+      for (auto& partial : dq_partial) partial.clear();  // a thread absent from the team adds nothing
 #pragma omp parallel num_threads(threads)
       {
+        std::vector<A> scratch;
+#pragma omp for schedule(static)
+        for (index_t i = 0; i < N; ++i) pack_row(pair, i, packed, scratch);
 #if defined(_OPENMP)
         auto& dq_acc = dq_partial[static_cast<std::size_t>(omp_get_thread_num())];
 #else
         auto& dq_acc = dq_partial[0];
 #endif
-        dq_acc.assign(static_cast<std::size_t>(r * Maps * n_pad * d), A(0));
-        std::vector<A> probabilities(static_cast<std::size_t>(Maps * Bs * Bs)), weight(static_cast<std::size_t>(Bs * Bs)),
-            dp(static_cast<std::size_t>(Bs * Bs)), ds(static_cast<std::size_t>(Bs * Bs)),
-            dk_tile(static_cast<std::size_t>(Maps * Bs * d)), dv_tile(static_cast<std::size_t>(Bs * dv_size));
+        dq_acc.assign(dq_size, A(0));
+        backward_tiles<A> tiles(Maps, d, dv_size);
 #pragma omp for schedule(dynamic, 1)
-        for (index_t kb = 0; kb < blocks; ++kb) {  // block 0 sees every query: the largest first
-          const index_t t0 = kb * Bs;
-          std::fill(dk_tile.begin(), dk_tile.end(), A(0));
-          std::fill(dv_tile.begin(), dv_tile.end(), A(0));
-          for (index_t hl = 0; hl < r; ++hl) {
-            const index_t h = j * r + hl;
-            for (index_t qb = causal ? kb : 0; qb < blocks; ++qb) {
-              const index_t i0 = qb * Bs;
-              const A* do_tile = do_packed.data() + (hl * n_pad + i0) * dv_size;
-              // P_m = exp(S_m - lse_m), masked; weight = Σ_m c_m P_m
-              for (index_t m = 0; m < Maps; ++m) {
-                A* pm = probabilities.data() + m * Bs * Bs;
-                const A* q_tile = q_packed.data() + ((hl * Maps + m) * n_pad + i0) * d;
-                tile_product<a_layout::rows>(Bs, Bs, d, q_tile, d, keys.kt_tile(kb, m, d), Bs, pm, Bs, false);
-                for (index_t i = 0; i < Bs; ++i) {
-                  const index_t visible = visible_keys(i0 + i, t0, N, causal);
-                  const A row_lse = visible > 0 ? lse(b, h, m, i0 + i) : A(0);
-                  exponentiate(pm + i * Bs, visible, row_lse);
-                }
-              }
-              for (index_t e = 0; e < Bs * Bs; ++e) {
-                A w = probabilities[static_cast<std::size_t>(e)];
-                if constexpr (Maps == 2) w += coeff[1] * probabilities[static_cast<std::size_t>(Bs * Bs + e)];
-                weight[static_cast<std::size_t>(e)] = w;
-              }
-              // dV += weightᵀ dO;  dP = dO Vᵀ
-              tile_product<a_layout::transposed>(Bs, dv_size, Bs, weight.data(), Bs, do_tile, dv_size, dv_tile.data(),
-                                                 dv_size, true);
-              tile_product<a_layout::rows>(Bs, Bs, dv_size, do_tile, dv_size, keys.vt_tile(kb, dv_size), Bs, dp.data(), Bs,
-                                           false);
-              for (index_t m = 0; m < Maps; ++m) {
-                // dS_m = c_m P_m ⊙ (dP - D_m), with respect to the scaled scores
-                const A* pm = probabilities.data() + m * Bs * Bs;
-                for (index_t i = 0; i < Bs; ++i) {
-                  const A rowsum = i0 + i < N ? rowsum_do_o[static_cast<std::size_t>(((b * H + h) * Maps + m) * N + i0 + i)]
-                                              : A(0);
-                  for (index_t t = 0; t < Bs; ++t)
-                    ds[static_cast<std::size_t>(i * Bs + t)] =
-                        coeff[m] * pm[i * Bs + t] * (dp[static_cast<std::size_t>(i * Bs + t)] - rowsum);
-                }
-                // dQ_m += dS_m K_m (scaled by 1/sqrt(d) when stored); dK_m += dS_mᵀ (Q_m / sqrt(d))
-                tile_product<a_layout::rows>(Bs, d, Bs, ds.data(), Bs, keys.k.data() + (m * n_pad + t0) * d, d,
-                                             dq_acc.data() + ((hl * Maps + m) * n_pad + i0) * d, d, true);
-                tile_product<a_layout::transposed>(Bs, d, Bs, ds.data(), Bs,
-                                                   q_packed.data() + ((hl * Maps + m) * n_pad + i0) * d, d,
-                                                   dk_tile.data() + m * Bs * d, d, true);
-              }
-            }
-          }
-          for (index_t t = t0; t < std::min(N, t0 + Bs); ++t) {
-            for (index_t m = 0; m < Maps; ++m)
-              from_accum(dk_tile.data() + (m * Bs + t - t0) * d, d, dk.data() + (((b * N + t) * G + j) * Maps + m) * d);
-            from_accum(dv_tile.data() + (t - t0) * dv_size, dv_size, dv.data() + ((b * N + t) * G + j) * dv_size);
-          }
-        }
-      }
-
-      // dQ = (Σ over threads) / sqrt(d)
-#pragma omp parallel for num_threads(threads) schedule(static)
-      for (index_t i = 0; i < N; ++i) {
-        std::vector<A> row(static_cast<std::size_t>(d));
-        for (index_t hl = 0; hl < r; ++hl)
-          for (index_t m = 0; m < Maps; ++m) {
-            const auto offset = static_cast<std::size_t>(((hl * Maps + m) * n_pad + i) * d);
-            std::fill(row.begin(), row.end(), A(0));
-            for (const auto& partial : dq_partial)
-              if (!partial.empty())
-                for (index_t c = 0; c < d; ++c) row[static_cast<std::size_t>(c)] += partial[offset + static_cast<std::size_t>(c)];
-            for (auto& x : row) x *= scale;
-            from_accum(row.data(), d, dq.data() + (((b * N + i) * H + j * r + hl) * Maps + m) * d);
-          }
+        for (index_t kb = 0; kb < blocks; ++kb) key_block(pair, packed, kb, dq_acc.data(), tiles);  // block 0 is the largest
+        std::vector<const A*> accumulators;
+        for (const auto& partial : dq_partial)
+          if (!partial.empty()) accumulators.push_back(partial.data());
+#pragma omp for schedule(static)
+        for (index_t i = 0; i < N; ++i) store_dq(pair, i, accumulators, scratch);
       }
     }
+  }
 }
 
 }  // namespace difftx
