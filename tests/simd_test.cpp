@@ -101,7 +101,7 @@ void check_reduced_linear(index_t M, index_t N, index_t K) {
 }
 
 TEST_CASE("simd: float16 and bfloat16 linear across the product's blocks") {
-  for (auto [M, N, K] : {std::array<index_t, 3>{1, 300, 77}, {133, 261, 530}, {67, 17, 1030}, {5, 3, 2}}) {
+  for (auto [M, N, K] : {std::array<index_t, 3>{1, 300, 77}, {133, 261, 530}, {67, 17, 1030}, {5, 3, 2}, {3, 7, 19}}) {
     check_reduced_linear<Eigen::bfloat16>(M, N, K);
     check_reduced_linear<Eigen::half>(M, N, K);
   }

@@ -12,6 +12,9 @@
 
 #include <Eigen/Core>
 #include <xsimd/xsimd.hpp>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -58,6 +61,38 @@ void from_accum(const accum_t<T>* in, index_t n, T* out) {
   else
     Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out, n) =
         Eigen::Map<const Eigen::Array<A, Eigen::Dynamic, 1>>(in, n).template cast<T>();
+}
+
+// W consecutive values of T as one vector of their accumulation type,
+// converted in registers (bfloat16: widen and shift; float16: F16C), so that
+// a kernel can stream T without a converted copy.
+template <class T>
+vec<accum_t<T>> load_as_accum(const T* p) {
+  using A = accum_t<T>;
+  using V = vec<A>;
+  if constexpr (std::is_same_v<T, A>) {
+    return V::load_unaligned(p);
+  } else {
+#if defined(__AVX512F__)
+    if constexpr (V::size == 16 && std::is_same_v<T, Eigen::bfloat16>)
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+    if constexpr (V::size == 16 && std::is_same_v<T, Eigen::half>)
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#endif
+#if defined(__AVX2__)
+    if constexpr (V::size == 8 && std::is_same_v<T, Eigen::bfloat16>)
+      return _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+#endif
+#if defined(__F16C__)
+    if constexpr (V::size == 8 && std::is_same_v<T, Eigen::half>)
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#endif
+    alignas(64) A lanes[V::size];
+    to_accum(p, V::size, lanes);
+    return V::load_aligned(lanes);
+  }
 }
 
 // Runs f(begin, end) over [0, n) in chunks of `chunk` on the policy's threads.

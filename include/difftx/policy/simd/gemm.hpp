@@ -122,6 +122,48 @@ void pack_panels(const T* src, index_t ld, index_t k, index_t n, index_t n_pad, 
     pack_rows(src + j, ld, k, std::clamp<index_t>(n - j, 0, P), dst + j * k, P);
 }
 
+// y[M, N] = x[M, K] · w[N, K]ᵀ for a few rows (decoding): nothing to reuse a
+// packed copy of w for, so w streams once, converted in registers; x's rows
+// are converted once. Four rows of w at a time, each row of x against them.
+constexpr index_t gemv_max_rows = 4;
+
+template <class T>
+void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const T* x, const T* w, T* y) {
+  using A = accum_t<T>;
+  using V = vec<A>;
+  constexpr index_t W = V::size, NB = 4;
+  const index_t k_vec = K / W * W;
+  std::vector<A> xa(static_cast<std::size_t>(M * K));
+  to_accum(x, M * K, xa.data());
+  std::vector<A> out(static_cast<std::size_t>(M * N));
+  auto rows_against = [&](auto nb, index_t j) {  // x's rows against w's rows j .. j + nb
+    constexpr index_t NBc = decltype(nb)::value;
+    for (index_t i = 0; i < M; ++i) {
+      const A* xi = xa.data() + i * K;
+      V acc[NBc];
+      for (auto& a : acc) a = V(A(0));
+      for (index_t q = 0; q < k_vec; q += W) {
+        const V xv = V::load_unaligned(xi + q);
+        for (index_t n = 0; n < NBc; ++n) acc[n] = xsimd::fma(xv, load_as_accum(w + (j + n) * K + q), acc[n]);
+      }
+      for (index_t n = 0; n < NBc; ++n) {
+        A s = xsimd::hadd(acc[n]);
+        for (index_t q = k_vec; q < K; ++q) s += xi[q] * static_cast<A>(w[(j + n) * K + q]);
+        out[static_cast<std::size_t>(i * N + j + n)] = s;
+      }
+    }
+  };
+  parallel_chunks(p, (N + NB - 1) / NB, 64, [&](index_t g0, index_t g1) {
+    for (index_t j = g0 * NB; j < std::min(N, g1 * NB); j += NB) {
+      if (j + NB <= N)
+        rows_against(std::integral_constant<index_t, NB>{}, j);
+      else
+        for (index_t jj = j; jj < N; ++jj) rows_against(std::integral_constant<index_t, 1>{}, jj);
+    }
+  });
+  from_accum(out.data(), M * N, y);
+}
+
 // The per-thread float buffers: they outlive the call, so that repeated small
 // products (decoding) do not allocate and fault in fresh pages every time.
 template <class A>
@@ -143,6 +185,8 @@ void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const 
   constexpr bool dot_form = BS == b_storage::columns;
   constexpr index_t depth = dot_form ? dot_depth : axpy_depth;
   constexpr index_t col_align = dot_form ? dot_cols : panel_cols<A>;
+  if constexpr (AS == a_storage::rows && dot_form)
+    if (M <= gemv_max_rows && !accumulate && lda == K && ldb == K && ldc == N) return reduced_gemv(p, M, N, K, a, b, c);
   const index_t row_blocks = (M + block_rows - 1) / block_rows, col_blocks = (N + block_cols - 1) / block_cols;
   const index_t blocks = row_blocks * col_blocks;
   const int threads = static_cast<int>(std::min<index_t>(thread_count(p), blocks));
