@@ -2,7 +2,8 @@
 // kernels for the norms, RoPE and SwiGLU, a fused flash-style kernel for both
 // attention maps (policy/simd/attention.hpp), OpenMP threads over rows, heads
 // and blocks. Computes in float and double; float16 and bfloat16 are stored as
-// they are and computed in float.
+// they are and computed in float, their matrix products converting while they
+// pack (policy/simd/gemm.hpp).
 //
 // Compile with the target's vector extensions (-march=native, or at least
 // -mavx2 -mfma -mf16c): xsimd and Eigen pick their instruction set at compile
