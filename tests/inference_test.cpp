@@ -161,6 +161,30 @@ TEST_CASE("prefill then decode equals one forward: MultiHead, Attention, layers,
   check_decoding_everywhere("Stack of 2 (D = 6 at run time)", stack_factory{}, 2);
 }
 
+// Heads wide enough for whole vectors (d = 20: vectors plus a tail at any
+// width) over a cache of two blocks with a ragged end: simd's decode loops for
+// a few query rows (steps of 1 and 2 tokens, r = 2) and its products for more
+// (a step of 3), in every type.
+struct wide_head_factory {
+  template <class T, class P>
+  MultiHead<T, dynamic, P> operator()() const {
+    return MultiHead<T, dynamic, P>({C, 2, 1, 2, 10000.0, true, 20});
+  }
+};
+
+TEST_CASE("prefill then decode over a long cache with wide heads") {
+  auto check = [](auto type) {
+    using T = decltype(type);
+    const double e = decode_against_forward<T, policy::simd>(wide_head_factory{}, 2, 299, {1, 2, 3, 1}, 306);
+    INFO(scalar_traits<T>::name << ": " << e / scalar_traits<T>::epsilon << " u");
+    CHECK(e <= testing::tolerance<T>::forward);
+  };
+  check(float{});
+  check(double{});
+  check(Eigen::half{});
+  check(Eigen::bfloat16{});
+}
+
 TEST_CASE("prefill then decode equals one forward: MultiHeadV2, its baseline, DecoderLayerV2") {
   for (const auto& make : {multihead_v2_factory{}, multihead_v2_factory{3, 2}, multihead_v2_factory{4, 2, false}}) {
     const std::string label = "MultiHeadV2 h=" + std::to_string(make.heads) + " g=" + std::to_string(make.kv_heads) +

@@ -6,7 +6,8 @@
 // H / G heads per group) to spread over threads. So the work is split over
 // (sequence, group, block of cache_block keys): every block's keys and values
 // are read once for all the query rows of its group (scores S = Q K^T and
-// P V as small Eigen products on the cache in place), and each block leaves
+// P V: for a few rows, loops over the cache in place that convert float16 and
+// bfloat16 in registers; for more, Eigen products), and each block leaves
 // per row and map its maximum, sum of exponentials and unnormalised P V. A
 // second pass combines the blocks of a row by log-sum-exp:
 //   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  O_m = sum_s acc_s e^(m_s - M) / L.
@@ -30,10 +31,72 @@ namespace difftx {
 namespace simd_detail {
 
 constexpr index_t cache_block = 256;  // keys per work item: a few items per thread at 1k-token caches
-// Up to this many query rows per group, one matrix-vector product per row: Eigen's
-// matrix product would pack the whole key (value) block for each call, which
-// costs more than reading the block, from L2, once per row.
+// Up to this many query rows per group, the block is read once per row by the
+// two loops below, in its storage type: a matrix product would pack the whole
+// key (value) block for each call, which costs more than reading the block,
+// from L2, once per row (and for float16/bfloat16 a converted copy of the
+// block costs more than the reading).
 constexpr index_t gemv_rows = 4;
+
+// s[t] = Σ_c q[c] · K(t, c) for t < keys, K's row t at k_first + t·stride: W
+// keys at a time, their W accumulators reduced across lanes together.
+template <class T>
+void scores_of_row(const accum_t<T>* q, const T* k_first, index_t stride, index_t keys, index_t d, accum_t<T>* s) {
+  using A = accum_t<T>;
+  using V = vec<A>;
+  constexpr index_t W = V::size;
+  const index_t d_vec = d / W * W;
+  auto rest = [&](index_t t) {  // the columns past the last whole vector
+    A x(0);
+    for (index_t c = d_vec; c < d; ++c) x += q[c] * static_cast<A>(k_first[t * stride + c]);
+    return x;
+  };
+  index_t t = 0;
+  for (; t + W <= keys; t += W) {
+    V acc[W];
+    for (auto& a : acc) a = V(A(0));
+    for (index_t c = 0; c < d_vec; c += W) {
+      const V qv = V::load_unaligned(q + c);
+      for (index_t n = 0; n < W; ++n) acc[n] = xsimd::fma(qv, load_as_accum(k_first + (t + n) * stride + c), acc[n]);
+    }
+    xsimd::haddp(acc).store_unaligned(s + t);
+    if (d_vec < d)
+      for (index_t n = 0; n < W; ++n) s[t + n] += rest(t + n);
+  }
+  for (; t < keys; ++t) {
+    V acc(A(0));
+    for (index_t c = 0; c < d_vec; c += W) acc = xsimd::fma(V::load_unaligned(q + c), load_as_accum(k_first + t * stride + c), acc);
+    s[t] = xsimd::hadd(acc) + rest(t);
+  }
+}
+
+// out[c] = Σ_t p[t] · V(t, c) for c < dv, V's row t at v_first + t·stride:
+// four vectors of out held in registers while the rows stream past.
+template <class T>
+void weighted_sum_of_rows(const accum_t<T>* p, const T* v_first, index_t stride, index_t keys, index_t dv,
+                          accum_t<T>* out) {
+  using A = accum_t<T>;
+  using V = vec<A>;
+  constexpr index_t W = V::size;
+  auto columns = [&](auto vectors, index_t c0) {
+    constexpr index_t NV = decltype(vectors)::value;
+    V acc[NV];
+    for (auto& a : acc) a = V(A(0));
+    for (index_t t = 0; t < keys; ++t) {
+      const V pv(p[t]);
+      for (index_t v = 0; v < NV; ++v) acc[v] = xsimd::fma(pv, load_as_accum(v_first + t * stride + c0 + v * W), acc[v]);
+    }
+    for (index_t v = 0; v < NV; ++v) acc[v].store_unaligned(out + c0 + v * W);
+  };
+  index_t c0 = 0;
+  for (; c0 + 4 * W <= dv; c0 += 4 * W) columns(std::integral_constant<index_t, 4>{}, c0);
+  for (; c0 + W <= dv; c0 += W) columns(std::integral_constant<index_t, 1>{}, c0);
+  for (; c0 < dv; ++c0) {
+    A x(0);
+    for (index_t t = 0; t < keys; ++t) x += p[t] * static_cast<A>(v_first[t * stride + c0]);
+    out[c0] = x;
+  }
+}
 
 // What one key block leaves for each of its query rows and maps.
 template <class A>
@@ -98,10 +161,8 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
       const index_t local = item - first_item[static_cast<std::size_t>(b)], blocks_b = (first_item[static_cast<std::size_t>(b) + 1] - first_item[static_cast<std::size_t>(b)]) / G;
       const index_t j = local / blocks_b, t0 = (local % blocks_b) * cache_block;
       const index_t length = lengths[static_cast<std::size_t>(b)], keys = std::min(cache_block, length - t0);
-      // V rows t0 .. t0 + keys of group j, as A (in place for float and double).
+      const A* v_block = nullptr;  // V rows t0 .. t0 + keys of group j as A, once needed
       const T* v_first = v.data() + ((b * S + t0) * G + j) * dv;
-      const A* v_block = rows_as_accum<T>(v_first, keys, dv, G * dv, v_scratch);
-      const strided_rows values(v_block, keys, dv, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * dv : dv));
       for (index_t m = 0; m < Maps; ++m) {
         for (index_t i = 0; i < new_tokens; ++i)
           for (index_t hh = 0; hh < r; ++hh) {
@@ -109,13 +170,16 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
             for (index_t c = 0; c < d; ++c) q_rows(i * r + hh, c) = static_cast<A>(load(row[c])) * scale;
           }
         const T* k_first = k.data() + (((b * S + t0) * G + j) * Maps + m) * d;
-        const A* k_block = rows_as_accum<T>(k_first, keys, d, G * Maps * d, k_scratch);
-        const strided_rows key_rows(k_block, keys, d, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * Maps * d : d));
         auto s = scores.leftCols(keys);
-        if (rows <= gemv_rows)
-          for (index_t row = 0; row < rows; ++row) s.row(row).transpose().noalias() = key_rows * q_rows.row(row).transpose();
-        else
+        if (rows <= gemv_rows) {
+          for (index_t row = 0; row < rows; ++row)
+            scores_of_row(q_rows.row(row).data(), k_first, G * Maps * d, keys, d, scores.data() + row * cache_block);
+        } else {
+          // K rows t0 .. t0 + keys of group j, as A (in place for float and double).
+          const A* k_block = rows_as_accum<T>(k_first, keys, d, G * Maps * d, k_scratch);
+          const strided_rows key_rows(k_block, keys, d, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * Maps * d : d));
           s.noalias() = q_rows * key_rows.transpose();
+        }
         A* row_max_out = part.max_at(item, m);
         A* row_sum_out = part.sum_at(item, m);
         for (index_t row = 0; row < rows; ++row) {
@@ -129,10 +193,14 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
           row_sum_out[row] = sum(p_row, visible);
         }
         Eigen::Map<row_matrix<A>> acc(part.acc_at(item, m), rows, dv);
-        if (rows <= gemv_rows)
-          for (index_t row = 0; row < rows; ++row) acc.row(row).transpose().noalias() = values.transpose() * s.row(row).transpose();
-        else
+        if (rows <= gemv_rows) {
+          for (index_t row = 0; row < rows; ++row)
+            weighted_sum_of_rows(scores.data() + row * cache_block, v_first, G * dv, keys, dv, acc.data() + row * dv);
+        } else {
+          if (m == 0) v_block = rows_as_accum<T>(v_first, keys, dv, G * dv, v_scratch);  // both maps use it
+          const strided_rows values(v_block, keys, dv, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * dv : dv));
           acc.noalias() = s * values;
+        }
       }
     }
   }
