@@ -13,9 +13,10 @@
 // Backward, per pair and block of 64 keys: dK and dV of the block stay in the
 // thread's tiles while every query block of every head of the group that sees
 // these keys passes by; probabilities are recomputed from the saved
-// log-sum-exp. With at least as many pairs as threads, each thread takes whole
-// pairs and owns their dQ; with fewer, the threads share a pair's key blocks,
-// each with a dQ accumulator, summed at the end.
+// log-sum-exp. When the pairs keep every thread busy (a multiple of the thread
+// count, or at least 4 per thread), each thread takes whole pairs and owns
+// their dQ; else the threads share a pair's key blocks, each with a dQ
+// accumulator, summed at the end.
 //
 // Operands are converted into A-typed copies laid out for tile_product (keys
 // and values also transposed), padded to whole blocks with zeros; masked and
@@ -386,9 +387,10 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
   };
   const auto dq_size = static_cast<std::size_t>(r * Maps * n_pad * d);
 
-  if (pairs >= threads) {
-    // Enough pairs for every thread: a thread takes a whole pair, so its dQ
-    // accumulator is the only one and nothing is reduced.
+  if (pairs % threads == 0 || pairs >= 4 * threads) {
+    // Pairs enough to keep every thread busy (pairs cost the same): a thread
+    // takes a whole pair, so its dQ accumulator is the only one and nothing is
+    // reduced. (3 pairs on 2 threads would leave a third of the time idle.)
 #pragma omp parallel num_threads(threads)
     {
       packed_pair<A> packed;
@@ -405,8 +407,8 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
       }
     }
   } else {
-    // Fewer pairs than threads: the threads share each pair's key blocks, each
-    // with its own dQ accumulator, summed at the end.
+    // Else the threads share each pair's key blocks, each with its own dQ
+    // accumulator, summed at the end.
     packed_pair<A> packed;
     std::vector<std::vector<A>> dq_partial(static_cast<std::size_t>(threads));
     for (index_t pair = 0; pair < pairs; ++pair) {

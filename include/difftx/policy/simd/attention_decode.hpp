@@ -39,7 +39,7 @@ constexpr index_t cache_block = 256;  // keys per work item: a few items per thr
 constexpr index_t gemv_rows = 4;
 
 // s[t] = Σ_c q[c] · K(t, c) for t < keys, K's row t at k_first + t·stride: W
-// keys at a time, their W accumulators reduced across lanes together.
+// keys at a time, their W accumulators reduced across lanes together (lane_sums).
 template <class T>
 void scores_of_row(const accum_t<T>* q, const T* k_first, index_t stride, index_t keys, index_t d, accum_t<T>* s) {
   using A = accum_t<T>;
@@ -59,7 +59,7 @@ void scores_of_row(const accum_t<T>* q, const T* k_first, index_t stride, index_
       const V qv = V::load_unaligned(q + c);
       for (index_t n = 0; n < W; ++n) acc[n] = xsimd::fma(qv, load_as_accum(k_first + (t + n) * stride + c), acc[n]);
     }
-    xsimd::haddp(acc).store_unaligned(s + t);
+    lane_sums(acc, s + t);
     if (d_vec < d)
       for (index_t n = 0; n < W; ++n) s[t + n] += rest(t + n);
   }

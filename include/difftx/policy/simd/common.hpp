@@ -95,6 +95,19 @@ vec<accum_t<T>> load_as_accum(const T* p) {
   }
 }
 
+// out[i] = the sum of rows[i]'s lanes, for the W = vec<A>::size vectors at
+// rows. xsimd's haddp does all W at once, but its lane order is right only for
+// 8 floats (AVX): xsimd 8.1's 16-lane float version returns the sums permuted
+// (and needs AVX512DQ), so other widths reduce one vector at a time.
+template <class A>
+void lane_sums(const vec<A>* rows, A* out) {
+  constexpr index_t W = vec<A>::size;
+  if constexpr (std::is_same_v<A, float> && W == 8)
+    xsimd::haddp(rows).store_unaligned(out);
+  else
+    for (index_t i = 0; i < W; ++i) out[i] = xsimd::hadd(rows[i]);
+}
+
 // Runs f(begin, end) over [0, n) in chunks of `chunk` on the policy's threads.
 template <class F>
 void parallel_chunks(const policy::simd& p, index_t n, index_t chunk, F&& f) {

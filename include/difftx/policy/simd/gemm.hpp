@@ -36,8 +36,8 @@ constexpr index_t block_rows = 66, block_cols = 128;
 
 // --- b_columns: the dot-product form (y = x · wᵀ) --------------------------
 // Both operands are read along K, so each output is a dot product: an R x 4
-// block keeps R·4 = W vector accumulators (W the vector width) and xsimd's
-// haddp reduces all of them across lanes at once. Depth 512: the A and B rows
+// block keeps R·4 = W vector accumulators (W the vector width), reduced across
+// lanes together by lane_sums. Depth 512: the A and B rows
 // the kernel streams (R + 4 rows of 2 KB) stay in L1.
 constexpr index_t dot_depth = 512, dot_cols = 4;
 
@@ -64,7 +64,7 @@ inline void dot_micro_kernel(index_t k, const A* a, index_t lda, const A* b, ind
     }
   }
   alignas(64) A sums[W];
-  xsimd::haddp(acc).store_aligned(sums);
+  lane_sums(acc, sums);
   for (int r = 0; r < R; ++r)
     for (int n = 0; n < dot_cols; ++n) c[r * ldc + n] += sums[r * dot_cols + n];
 }
@@ -84,8 +84,10 @@ void dot_tile_product(index_t m, index_t n, index_t k, const A* a, index_t lda, 
 // --- b_rows: the broadcast form (dx = dy · w, dw += dyᵀ · x) ----------------
 // tile.hpp's micro-kernel, 6 rows x panel_cols: B is packed in panels of
 // panel_cols columns, each [depth][panel_cols] contiguous, so the panel a
-// kernel sweeps (16 KB at depth 256) stays in L1 (rows of a wider block would
-// share few L1 sets); C's block is padded to whole panels.
+// kernel sweeps stays in L1 (rows of a wider block would share few L1 sets):
+// 16 KB at depth 256 with AVX2's 16-column panels (AVX-512's 64-column panels
+// take 64 KB, past L1: not tuned, no such machine here); C's block is padded
+// to whole panels.
 constexpr index_t axpy_depth = 256;
 constexpr int axpy_rows = 6, axpy_vectors = vec<float>::size >= 16 ? 4 : 2;
 template <class A>
@@ -122,6 +124,18 @@ void pack_panels(const T* src, index_t ld, index_t k, index_t n, index_t n_pad, 
     pack_rows(src + j, ld, k, std::clamp<index_t>(n - j, 0, P), dst + j * k, P);
 }
 
+// The per-thread float buffers: they outlive the call, so that repeated
+// products (every decode step, every layer) do not allocate and fault in
+// fresh pages every time.
+template <class A>
+struct gemm_scratch {
+  std::vector<A> a, b, c;
+  static gemm_scratch& local() {
+    thread_local gemm_scratch scratch;
+    return scratch;
+  }
+};
+
 // y[M, N] = x[M, K] · w[N, K]ᵀ for a few rows (decoding): nothing to reuse a
 // packed copy of w for, so w streams once, converted in registers; x's rows
 // are converted once. Four rows of w at a time, each row of x against them.
@@ -133,13 +147,15 @@ void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const 
   using V = vec<A>;
   constexpr index_t W = V::size, NB = 4;
   const index_t k_vec = K / W * W;
-  std::vector<A> xa(static_cast<std::size_t>(M * K));
-  to_accum(x, M * K, xa.data());
-  std::vector<A> out(static_cast<std::size_t>(M * N));
+  auto& scratch = gemm_scratch<A>::local();  // the calling thread's: x as A, the output as A
+  scratch.a.resize(static_cast<std::size_t>(M * K));
+  scratch.c.resize(static_cast<std::size_t>(M * N));
+  A *const xa = scratch.a.data(), *const out = scratch.c.data();
+  to_accum(x, M * K, xa);
   auto rows_against = [&](auto nb, index_t j) {  // x's rows against w's rows j .. j + nb
     constexpr index_t NBc = decltype(nb)::value;
     for (index_t i = 0; i < M; ++i) {
-      const A* xi = xa.data() + i * K;
+      const A* xi = xa + i * K;
       V acc[NBc];
       for (auto& a : acc) a = V(A(0));
       for (index_t q = 0; q < k_vec; q += W) {
@@ -149,11 +165,14 @@ void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const 
       for (index_t n = 0; n < NBc; ++n) {
         A s = xsimd::hadd(acc[n]);
         for (index_t q = k_vec; q < K; ++q) s += xi[q] * static_cast<A>(w[(j + n) * K + q]);
-        out[static_cast<std::size_t>(i * N + j + n)] = s;
+        out[i * N + j + n] = s;
       }
     }
   };
-  parallel_chunks(p, (N + NB - 1) / NB, 64, [&](index_t g0, index_t g1) {
+  // About four chunks per thread, rounded up so that they split evenly.
+  const index_t groups = (N + NB - 1) / NB, parts = 4 * thread_count(p);
+  const index_t chunk = std::max<index_t>(8, (groups + parts - 1) / parts);
+  parallel_chunks(p, groups, chunk, [&](index_t g0, index_t g1) {
     for (index_t j = g0 * NB; j < std::min(N, g1 * NB); j += NB) {
       if (j + NB <= N)
         rows_against(std::integral_constant<index_t, NB>{}, j);
@@ -161,19 +180,8 @@ void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const 
         for (index_t jj = j; jj < N; ++jj) rows_against(std::integral_constant<index_t, 1>{}, jj);
     }
   });
-  from_accum(out.data(), M * N, y);
+  from_accum(out, M * N, y);
 }
-
-// The per-thread float buffers: they outlive the call, so that repeated small
-// products (decoding) do not allocate and fault in fresh pages every time.
-template <class A>
-struct gemm_scratch {
-  std::vector<A> a, b, c;
-  static gemm_scratch& local() {
-    thread_local gemm_scratch scratch;
-    return scratch;
-  }
-};
 
 template <a_storage AS, b_storage BS, class T>
   requires(!std::is_same_v<T, accum_t<T>>)
@@ -181,6 +189,7 @@ void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const 
                   index_t ldb, T* c, index_t ldc, bool accumulate) {
   static_assert(!(AS == a_storage::columns && BS == b_storage::columns), "no product uses Aᵀ · Bᵀ");
   using A = accum_t<T>;
+  if (M == 0 || N == 0) return;
   constexpr index_t W = vec<A>::size;
   constexpr bool dot_form = BS == b_storage::columns;
   constexpr index_t depth = dot_form ? dot_depth : axpy_depth;
@@ -201,11 +210,9 @@ void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const 
     scratch.b.resize(static_cast<std::size_t>((block_cols + col_align) * depth));
     scratch.c.resize(static_cast<std::size_t>(block_rows * (block_cols + col_align)));
     A *ab = scratch.a.data(), *bb = scratch.b.data(), *cb = scratch.c.data();
-    for (index_t i = 0; i < m; ++i) {
-      if (accumulate)
-        to_accum(c + (i0 + i) * ldc + j0, n, cb + i * n_pad);
-      else
-        std::fill(cb + i * n_pad, cb + i * n_pad + n, A(0));
+    for (index_t i = 0; i < m; ++i) {  // padded columns too: the kernels update them (never stored)
+      std::fill(cb + i * n_pad, cb + (i + 1) * n_pad, A(0));
+      if (accumulate) to_accum(c + (i0 + i) * ldc + j0, n, cb + i * n_pad);
     }
     for (index_t p0 = 0; p0 < K; p0 += depth) {
       const index_t k = std::min(depth, K - p0);
