@@ -24,8 +24,8 @@ namespace {
 constexpr index_t C = 768, h = 6, D = 64, F = 2048;
 
 template <class T>
-Tensor<T, 3> random_input(index_t n, std::uint64_t seed) {
-  Tensor<T, 3> x({1, n, C});
+Tensor<T, 3> random_input(index_t n, std::uint64_t seed, index_t batch = 1, index_t width = C) {
+  Tensor<T, 3> x({batch, n, width});
   random_stream rng(seed);
   fill_normal(x.view(), rng);
   return x;
@@ -36,11 +36,12 @@ void set_counters(benchmark::State& state, double flops, double tokens) {
   state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// A module's forward, or forward + backward, on x [1, N, C].
+// A module's forward, or forward + backward, on x [batch, N, width].
 template <class Module>
-void run_module(benchmark::State& state, Module& module, index_t n, bool backward, double flops) {
+void run_module(benchmark::State& state, Module& module, index_t n, bool backward, double flops, index_t batch = 1,
+                index_t width = C) {
   using T = typename Module::value_type;
-  const auto x = random_input<T>(n, 1), dy = random_input<T>(n, 2);
+  const auto x = random_input<T>(n, 1, batch, width), dy = random_input<T>(n, 2, batch, width);
   Tensor<T, 3> y(x.shape()), dx(x.shape());
   typename Module::saved_type saved;
   for (auto _ : state) {
@@ -48,7 +49,7 @@ void run_module(benchmark::State& state, Module& module, index_t n, bool backwar
     if (backward) module.backward(x, dy, saved, dx);
     benchmark::ClobberMemory();
   }
-  set_counters(state, flops, static_cast<double>(n));
+  set_counters(state, flops, static_cast<double>(batch * n));
 }
 
 template <class T, class Policy>
@@ -325,19 +326,9 @@ void register_small_shape() {
           constexpr index_t B = 8, N = 128, Cs = 128, hs = 4, Ds = 16, Fs = 384;
           DecoderLayer<float, Ds, policy::simd> layer({{.d_model = Cs, .heads = hs, .kv_heads = hs}, Fs},
                                                       policy::simd{threads});
-          Tensor<float, 3> x({B, N, Cs}), dy({B, N, Cs}), y({B, N, Cs}), dx({B, N, Cs});
-          random_stream rng(1);
-          fill_normal(x.view(), rng);
-          fill_normal(dy.view(), rng);
-          DecoderLayer<float, Ds, policy::simd>::saved_type saved;
-          for (auto _ : state) {
-            layer.forward(x, y, saved);
-            layer.backward(x, dy, saved, dx);
-            benchmark::ClobberMemory();
-          }
-          set_counters(state,
-                       fl::decoder_forward(B, N, Cs, hs, hs, Ds, Fs, true) + fl::decoder_backward(B, N, Cs, hs, hs, Ds, Fs, true),
-                       static_cast<double>(B * N));
+          run_module(state, layer, N, true,
+                     fl::decoder_forward(B, N, Cs, hs, hs, Ds, Fs, true) + fl::decoder_backward(B, N, Cs, hs, hs, Ds, Fs, true),
+                     B, Cs);
         })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);

@@ -31,44 +31,12 @@ namespace difftx {
 namespace simd_detail {
 
 constexpr index_t cache_block = 256;  // keys per work item: a few items per thread at 1k-token caches
-// Up to this many query rows per group, the block is read once per row by the
-// two loops below, in its storage type: a matrix product would pack the whole
-// key (value) block for each call, which costs more than reading the block,
-// from L2, once per row (and for float16/bfloat16 a converted copy of the
-// block costs more than the reading).
+// Up to this many query rows per group, the block is read once per row, in its
+// storage type, by dots_with_rows (scores) and weighted_sum_of_rows (P·V): a
+// matrix product would pack the whole key (value) block for each call, which
+// costs more than reading the block, from L2, once per row (and for
+// float16/bfloat16 a converted copy of the block costs more than the reading).
 constexpr index_t gemv_rows = 4;
-
-// s[t] = Σ_c q[c] · K(t, c) for t < keys, K's row t at k_first + t·stride: W
-// keys at a time, their W accumulators reduced across lanes together (lane_sums).
-template <class T>
-void scores_of_row(const accum_t<T>* q, const T* k_first, index_t stride, index_t keys, index_t d, accum_t<T>* s) {
-  using A = accum_t<T>;
-  using V = vec<A>;
-  constexpr index_t W = V::size;
-  const index_t d_vec = d / W * W;
-  auto rest = [&](index_t t) {  // the columns past the last whole vector
-    A x(0);
-    for (index_t c = d_vec; c < d; ++c) x += q[c] * static_cast<A>(k_first[t * stride + c]);
-    return x;
-  };
-  index_t t = 0;
-  for (; t + W <= keys; t += W) {
-    V acc[W];
-    for (auto& a : acc) a = V(A(0));
-    for (index_t c = 0; c < d_vec; c += W) {
-      const V qv = V::load_unaligned(q + c);
-      for (index_t n = 0; n < W; ++n) acc[n] = xsimd::fma(qv, load_as_accum(k_first + (t + n) * stride + c), acc[n]);
-    }
-    lane_sums(acc, s + t);
-    if (d_vec < d)
-      for (index_t n = 0; n < W; ++n) s[t + n] += rest(t + n);
-  }
-  for (; t < keys; ++t) {
-    V acc(A(0));
-    for (index_t c = 0; c < d_vec; c += W) acc = xsimd::fma(V::load_unaligned(q + c), load_as_accum(k_first + t * stride + c), acc);
-    s[t] = xsimd::hadd(acc) + rest(t);
-  }
-}
 
 // out[c] = Σ_t p[t] · V(t, c) for c < dv, V's row t at v_first + t·stride:
 // four vectors of out held in registers while the rows stream past.
@@ -173,7 +141,7 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
         auto s = scores.leftCols(keys);
         if (rows <= gemv_rows) {
           for (index_t row = 0; row < rows; ++row)
-            scores_of_row(q_rows.row(row).data(), k_first, G * Maps * d, keys, d, scores.data() + row * cache_block);
+            dots_with_rows(q_rows.row(row).data(), k_first, G * Maps * d, keys, d, scores.data() + row * cache_block);
         } else {
           // K rows t0 .. t0 + keys of group j, as A (in place for float and double).
           const A* k_block = rows_as_accum<T>(k_first, keys, d, G * Maps * d, k_scratch);

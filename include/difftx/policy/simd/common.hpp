@@ -108,6 +108,40 @@ void lane_sums(const vec<A>* rows, A* out) {
     for (index_t i = 0; i < W; ++i) out[i] = xsimd::hadd(rows[i]);
 }
 
+// out[t] = Σ_c x[c] · R(t, c) for t < rows, R's row t at first + t·stride in
+// its storage type, converted in registers: W rows at a time, their W
+// accumulators reduced across lanes together (lane_sums). A matrix-vector
+// product for a few rows: decoding's scores and its projections.
+template <class T>
+void dots_with_rows(const accum_t<T>* x, const T* first, index_t stride, index_t rows, index_t k, accum_t<T>* out) {
+  using A = accum_t<T>;
+  using V = vec<A>;
+  constexpr index_t W = V::size;
+  const index_t k_vec = k / W * W;
+  auto rest = [&](index_t t) {  // the columns past the last whole vector
+    A sum(0);
+    for (index_t c = k_vec; c < k; ++c) sum += x[c] * static_cast<A>(first[t * stride + c]);
+    return sum;
+  };
+  index_t t = 0;
+  for (; t + W <= rows; t += W) {
+    V acc[W];
+    for (auto& a : acc) a = V(A(0));
+    for (index_t c = 0; c < k_vec; c += W) {
+      const V xv = V::load_unaligned(x + c);
+      for (index_t n = 0; n < W; ++n) acc[n] = xsimd::fma(xv, load_as_accum(first + (t + n) * stride + c), acc[n]);
+    }
+    lane_sums(acc, out + t);
+    if (k_vec < k)
+      for (index_t n = 0; n < W; ++n) out[t + n] += rest(t + n);
+  }
+  for (; t < rows; ++t) {
+    V acc(A(0));
+    for (index_t c = 0; c < k_vec; c += W) acc = xsimd::fma(V::load_unaligned(x + c), load_as_accum(first + t * stride + c), acc);
+    out[t] = xsimd::hadd(acc) + rest(t);
+  }
+}
+
 // Runs f(begin, end) over [0, n) in chunks of `chunk` on the policy's threads.
 template <class F>
 void parallel_chunks(const policy::simd& p, index_t n, index_t chunk, F&& f) {

@@ -137,48 +137,25 @@ struct gemm_scratch {
 };
 
 // y[M, N] = x[M, K] · w[N, K]ᵀ for a few rows (decoding): nothing to reuse a
-// packed copy of w for, so w streams once, converted in registers; x's rows
-// are converted once. Four rows of w at a time, each row of x against them.
+// packed copy of w for, so w streams once, converted in registers
+// (dots_with_rows); x's rows are converted once.
 constexpr index_t gemv_max_rows = 4;
 
 template <class T>
 void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const T* x, const T* w, T* y) {
   using A = accum_t<T>;
-  using V = vec<A>;
-  constexpr index_t W = V::size, NB = 4;
-  const index_t k_vec = K / W * W;
+  constexpr index_t W = vec<A>::size;
   auto& scratch = gemm_scratch<A>::local();  // the calling thread's: x as A, the output as A
   scratch.a.resize(static_cast<std::size_t>(M * K));
   scratch.c.resize(static_cast<std::size_t>(M * N));
   A *const xa = scratch.a.data(), *const out = scratch.c.data();
   to_accum(x, M * K, xa);
-  auto rows_against = [&](auto nb, index_t j) {  // x's rows against w's rows j .. j + nb
-    constexpr index_t NBc = decltype(nb)::value;
-    for (index_t i = 0; i < M; ++i) {
-      const A* xi = xa + i * K;
-      V acc[NBc];
-      for (auto& a : acc) a = V(A(0));
-      for (index_t q = 0; q < k_vec; q += W) {
-        const V xv = V::load_unaligned(xi + q);
-        for (index_t n = 0; n < NBc; ++n) acc[n] = xsimd::fma(xv, load_as_accum(w + (j + n) * K + q), acc[n]);
-      }
-      for (index_t n = 0; n < NBc; ++n) {
-        A s = xsimd::hadd(acc[n]);
-        for (index_t q = k_vec; q < K; ++q) s += xi[q] * static_cast<A>(w[(j + n) * K + q]);
-        out[i * N + j + n] = s;
-      }
-    }
-  };
-  // About four chunks per thread, rounded up so that they split evenly.
-  const index_t groups = (N + NB - 1) / NB, parts = 4 * thread_count(p);
-  const index_t chunk = std::max<index_t>(8, (groups + parts - 1) / parts);
-  parallel_chunks(p, groups, chunk, [&](index_t g0, index_t g1) {
-    for (index_t j = g0 * NB; j < std::min(N, g1 * NB); j += NB) {
-      if (j + NB <= N)
-        rows_against(std::integral_constant<index_t, NB>{}, j);
-      else
-        for (index_t jj = j; jj < N; ++jj) rows_against(std::integral_constant<index_t, 1>{}, jj);
-    }
+  // About four chunks of w's rows per thread, rounded up so that they split evenly.
+  const index_t parts = 4 * thread_count(p), chunk = std::max<index_t>(4 * W, (N + parts - 1) / parts);
+  parallel_chunks(p, N, chunk, [&](index_t j0, index_t j1) {
+    for (index_t j = j0; j < j1; j += W)  // W rows of w stay in L1 for every row of x
+      for (index_t i = 0; i < M; ++i)
+        dots_with_rows(xa + i * K, w + j * K, K, std::min(W, j1 - j), K, out + i * N + j);
   });
   from_accum(out, M * N, y);
 }
