@@ -30,7 +30,9 @@ concept tensor_source = requires(const Source& source, const std::string& name, 
 // input_error("load_parameters", prefix + name, ...) for a missing tensor,
 // one in a dtype difftx does not decode (I64, U8, ...) or a wrong shape.
 // Parameters in device memory are uploaded one tensor at a time from a host
-// buffer as large as the largest of them.
+// buffer as large as the largest of them. A tensor-parallel module
+// (parallel/tensor_parallel.hpp) reads the whole checkpoint's names and
+// shapes and keeps its rank's rows or columns of each split parameter.
 template <class Module, tensor_source Source>
 void load_parameters(Module& module, const Source& source, const std::string& prefix = "") {
   using T = typename Module::value_type;
@@ -38,23 +40,28 @@ void load_parameters(Module& module, const Source& source, const std::string& pr
   const std::string label(source.label());
   auto params = module.parameters();
   std::vector<tensor_ref> tensors;
-  index_t largest_on_device = 0;
+  index_t largest_on_device = 0, largest_split = 0;
   for (const auto& p : params) {
     const auto t = source.at(prefix + p.name, where);
     t.require_decodable(where, prefix + p.name, label);
-    require(std::ranges::equal(t.shape, p.shape), where, prefix + p.name,
-            "shape " + shape_string(p.shape) + " in " + label, "shape " + shape_string(t.shape));
+    require(std::ranges::equal(t.shape, p.full_shape()), where, prefix + p.name,
+            "shape " + shape_string(p.full_shape()) + " in " + label, "shape " + shape_string(t.shape));
     if (p.space() != memory_space::host) largest_on_device = std::max(largest_on_device, p.size());
+    if (p.is_shard()) largest_split = std::max(largest_split, p.size() * p.shard.ranks);
     tensors.push_back(t);
   }
-  std::vector<T> staging(static_cast<std::size_t>(largest_on_device));
+  std::vector<T> staging(static_cast<std::size_t>(largest_on_device)), whole(static_cast<std::size_t>(largest_split));
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].space() == memory_space::host) {
-      tensors[i].decode_into(params[i].value);
-      continue;
+    const auto& p = params[i];
+    T* target = p.space() == memory_space::host ? p.value : staging.data();
+    if (p.is_shard()) {
+      tensors[i].decode_into(whole.data());
+      take_shard(p, whole.data(), target);
+    } else {
+      tensors[i].decode_into(target);
     }
-    tensors[i].decode_into(staging.data());
-    params[i].memory->upload(params[i].value, staging.data(), static_cast<std::size_t>(params[i].size()) * sizeof(T));
+    if (p.space() != memory_space::host)
+      p.memory->upload(p.value, staging.data(), static_cast<std::size_t>(p.size()) * sizeof(T));
   }
 }
 
@@ -72,29 +79,50 @@ void load_parameters(Module& module, const tensor_file& file, const std::string&
 }
 
 namespace detail {
+
+// A host copy of count elements of a parameter's values or gradients (source).
 template <class T>
-std::vector<double> host_values(const parameter_ref<T>& p, T* source) {
+std::vector<T> host_copy(const parameter_ref<T>& p, const T* source) {
   std::vector<T> host(static_cast<std::size_t>(p.size()));
   if (p.space() == memory_space::host)
     std::copy_n(source, p.size(), host.begin());
   else
     p.memory->download(host.data(), source, host.size() * sizeof(T));
+  return host;
+}
+
+// file[prefix + name] = whole(p) for each parameter p, stored as `type`; every
+// tensor is made before the file changes, so a throwing whole() changes nothing.
+template <class Module, class Whole>
+void store_each(tensor_file& file, Module& module, dtype type, const std::string& prefix, Whole&& whole) {
+  std::vector<std::pair<std::string, stored_tensor>> made;
+  for (const auto& p : module.parameters())
+    made.emplace_back(prefix + p.name, stored_tensor::from_values(type, p.full_shape(), whole(p)));
+  for (auto& [name, tensor] : made) file.tensors[name] = std::move(tensor);
+}
+
+// A whole parameter's values or gradients (pick) as doubles, for a process that holds it whole.
+template <class T, class Pick>
+std::vector<double> whole_values(const parameter_ref<T>& p, Pick pick) {
+  require(!p.is_shard(), "store_parameters", p.name,
+          "a whole parameter (a tensor-parallel module's parts are gathered by the overload taking its communicator, parallel/checkpoint.hpp)",
+          "rank " + std::to_string(p.shard.rank) + "'s part of " + std::to_string(p.shard.ranks));
+  const auto host = host_copy(p, pick(p));
   return to_doubles(host.data(), host.size());
 }
+
 }  // namespace detail
 
 // file[prefix + name] = each parameter's value, stored as `type`.
 template <class Module>
 void store_parameters(tensor_file& file, Module& module, dtype type, const std::string& prefix = "") {
-  for (const auto& p : module.parameters())
-    file.tensors[prefix + p.name] = stored_tensor::from_values(type, p.shape, detail::host_values(p, p.value));
+  detail::store_each(file, module, type, prefix, [](const auto& p) { return detail::whole_values(p, [](const auto& q) { return q.value; }); });
 }
 
 // file[prefix + name] = each parameter's gradient, stored as `type`.
 template <class Module>
 void store_gradients(tensor_file& file, Module& module, dtype type, const std::string& prefix = "") {
-  for (const auto& p : module.parameters())
-    file.tensors[prefix + p.name] = stored_tensor::from_values(type, p.shape, detail::host_values(p, p.grad));
+  detail::store_each(file, module, type, prefix, [](const auto& p) { return detail::whole_values(p, [](const auto& q) { return q.grad; }); });
 }
 
 }  // namespace difftx::io

@@ -11,6 +11,7 @@
 // "ffn.<SwiGLU names>".
 #pragma once
 
+#include <concepts>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -27,6 +28,7 @@ namespace difftx {
 
 template <class AttnConfig>
 struct BasicDecoderLayerConfig {
+  using attention_type = AttnConfig;
   AttnConfig attention;  // MultiHeadConfig, AttentionConfig or MultiHeadV2Config: d_model, heads, kv_heads, rope_theta, causal, ...
   index_t ffn_dim = 0;   // F; 0 means default_ffn_dim(d_model)
   double eps = 1e-5;     // of attn_norm and ffn_norm (the subln's is fixed at 1e-5)
@@ -35,7 +37,8 @@ using DecoderLayerConfig = BasicDecoderLayerConfig<MultiHeadConfig>;
 using BaselineLayerConfig = BasicDecoderLayerConfig<AttentionConfig>;
 using DecoderLayerV2Config = BasicDecoderLayerConfig<MultiHeadV2Config>;
 
-template <class Attn>
+// Ffn defaults to SwiGLU; parallel/tensor_parallel.hpp gives both parts split over ranks.
+template <class Attn, class Ffn = SwiGLU<typename Attn::value_type, typename Attn::policy_type>>
 class BasicDecoderLayer {
  public:
   using value_type = typename Attn::value_type;
@@ -48,7 +51,7 @@ class BasicDecoderLayer {
   using T = value_type;
   using Policy = policy_type;
   using norm_type = RMSNorm<T, Policy>;
-  using ffn_type = SwiGLU<T, Policy>;
+  using ffn_type = Ffn;
 
  public:
   struct saved_type {
@@ -80,6 +83,20 @@ class BasicDecoderLayer {
         attn_(config.attention, policy_),
         ffn_norm_(config.attention.d_model, config.eps, 1.0, policy_),
         ffn_(config.attention.d_model, config.ffn_dim, policy_) {
+    config_.attention = attn_.config();
+    config_.ffn_dim = ffn_.ffn_dim();
+  }
+  // A layer whose attention and FFN are split over comm's ranks
+  // (parallel/tensor_parallel.hpp): the same config as the whole layer's.
+  template <class Comm>
+    requires std::constructible_from<Attn, Comm&, const typename config_type::attention_type&, Policy>
+  BasicDecoderLayer(const config_type& config, Comm& comm, Policy policy = {})
+      : policy_(std::move(policy)),
+        config_(config),
+        attn_norm_(config.attention.d_model, config.eps, 1.0, policy_),
+        attn_(comm, config.attention, policy_),
+        ffn_norm_(config.attention.d_model, config.eps, 1.0, policy_),
+        ffn_(comm, config.attention.d_model, config.ffn_dim, policy_) {
     config_.attention = attn_.config();
     config_.ffn_dim = ffn_.ffn_dim();
   }

@@ -2,6 +2,7 @@
 // out by name (for file I/O, optimisers and gradcheck).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,14 +12,34 @@
 
 namespace difftx {
 
+// Where a parameter_ref holds one rank's part of a parameter split over
+// `ranks` processes (parallel/tensor_parallel.hpp): rank r holds rows (or
+// columns) [r·n, (r + 1)·n) of the whole, n = the part's extent. `none`: the
+// whole parameter (a single process, or one every rank holds).
+struct parameter_shard {
+  enum class split { none, rows, columns };
+  split along = split::none;
+  index_t rank = 0, ranks = 1;
+};
+
 // A parameter seen by name: flat value and gradient of `shape`, in `memory`.
 template <class T>
 struct parameter_ref {
   std::string name;
-  std::vector<index_t> shape;
+  std::vector<index_t> shape;  // of what this process holds
   T* value = nullptr;
   T* grad = nullptr;
   memory_resource* memory = nullptr;
+  parameter_shard shard{};
+
+  // The whole parameter's shape (shape itself unless split over ranks).
+  std::vector<index_t> full_shape() const {
+    auto full = shape;
+    if (shard.along != parameter_shard::split::none)
+      full[shard.along == parameter_shard::split::rows ? 0 : 1] *= shard.ranks;
+    return full;
+  }
+  bool is_shard() const noexcept { return shard.along != parameter_shard::split::none; }
 
   index_t size() const noexcept {
     index_t n = 1;
@@ -68,6 +89,31 @@ struct Parameter {
     initialise([&](TensorView<T, Rank> v) { fill_constant(v, c); });
   }
 };
+
+// This rank's part of a whole parameter `full` (host, row-major, p.full_shape())
+// into part (host, p.shape), and back: the rows or columns p.shard names.
+template <class T>
+void take_shard(const parameter_ref<T>& p, const T* full, T* part) {
+  const index_t rows = p.shape[0], n = p.size(), cols = n / rows;
+  if (p.shard.along != parameter_shard::split::columns) {
+    std::copy_n(full + (p.is_shard() ? p.shard.rank * n : 0), n, part);
+    return;
+  }
+  for (index_t i = 0; i < rows; ++i)
+    std::copy_n(full + i * cols * p.shard.ranks + p.shard.rank * cols, cols, part + i * cols);
+}
+// The whole parameter from every rank's part, gathered rank-major ([ranks][p.shape]).
+template <class T>
+void join_shards(const parameter_ref<T>& p, const T* gathered, T* full) {
+  const index_t rows = p.shape[0], n = p.size(), cols = n / rows;
+  if (p.shard.along != parameter_shard::split::columns) {
+    std::copy_n(gathered, n * p.shard.ranks, full);
+    return;
+  }
+  for (index_t r = 0; r < p.shard.ranks; ++r)
+    for (index_t i = 0; i < rows; ++i)
+      std::copy_n(gathered + r * n + i * cols, cols, full + i * cols * p.shard.ranks + r * cols);
+}
 
 // Appends a child module's parameters (already named with the child's prefix).
 template <class T>
