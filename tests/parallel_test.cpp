@@ -106,6 +106,9 @@ void check_equal_to_whole(Whole& whole, Parallel& parallel, const shape_t<3>& sh
     CHECK(difference <= backward_bar);
     worst_gradient = std::max(worst_gradient, difference);
   }
+  // The whole model's gradient norm from the parts: each rank's split parameters summed, the whole ones once.
+  const double norm = clip_grad_norm(whole.parameters(), 0.0);
+  CHECK(std::abs(parallel::clip_grad_norm(parallel.parameters(), 0.0, world()) - norm) <= backward_bar * norm);
   if (world().rank() == 0)
     MESSAGE(world().size() << " ranks, " << scalar_traits<T>::name << ": y " << y_difference / testing::tolerance<T>::storage
                            << " u, dx " << dx_difference / testing::tolerance<T>::storage << " u, worst gradient "

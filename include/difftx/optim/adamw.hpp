@@ -126,25 +126,43 @@ class AdamW {
   index_t step_ = 0;
 };
 
-// Scales every gradient by max_norm / (‖g‖ + 1e-6) when that is below 1, where ‖g‖ is the L2 norm of
-// all gradients together (torch.nn.utils.clip_grad_norm_); returns ‖g‖ before
-// clipping. max_norm <= 0 only measures.
+namespace detail {
+
+// Σ g² over the parameters' gradients (host memory), in double.
 template <Scalar T>
-double clip_grad_norm(const std::vector<parameter_ref<T>>& parameters, double max_norm) {
+double gradient_sum_of_squares(const std::vector<parameter_ref<T>>& parameters, std::string_view where) {
   double sum_sq = 0;
   for (const auto& p : parameters) {
-    require_space("clip_grad_norm", p.name, p.grad_view(), memory_space::host);
+    require_space(where, p.name, p.grad_view(), memory_space::host);
     for (index_t e = 0; e < p.size(); ++e) {
       const double g = scalar_traits<T>::to_double(p.grad[e]);
       sum_sq += g * g;
     }
   }
-  const double norm = std::sqrt(sum_sq);
+  return sum_sq;
+}
+
+// torch.nn.utils.clip_grad_norm_'s scaling, given the norm: every gradient
+// times max_norm / (norm + 1e-6) where that is below 1; max_norm <= 0 only measures.
+template <Scalar T>
+void clip_to_norm(const std::vector<parameter_ref<T>>& parameters, double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);  // torch's guard against a zero norm
   if (max_norm > 0 && coef < 1)
     for (const auto& p : parameters)
       for (index_t e = 0; e < p.size(); ++e)
         p.grad[e] = scalar_traits<T>::from_double(scalar_traits<T>::to_double(p.grad[e]) * coef);
+}
+
+}  // namespace detail
+
+// Scales every gradient by max_norm / (‖g‖ + 1e-6) when that is below 1, where ‖g‖ is the L2 norm of
+// all gradients together (torch.nn.utils.clip_grad_norm_); returns ‖g‖ before
+// clipping. max_norm <= 0 only measures. (A tensor-parallel model's norm
+// needs every rank's parts: parallel::clip_grad_norm, parallel/tensor_parallel.hpp.)
+template <Scalar T>
+double clip_grad_norm(const std::vector<parameter_ref<T>>& parameters, double max_norm) {
+  const double norm = std::sqrt(detail::gradient_sum_of_squares(parameters, "clip_grad_norm"));
+  detail::clip_to_norm(parameters, norm, max_norm);
   return norm;
 }
 

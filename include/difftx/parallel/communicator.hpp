@@ -81,6 +81,15 @@ class local_communicator {
 
 namespace detail {
 
+// Returns once comm's collectives so far have finished, or throws
+// communication_error at its deadline: a stream-ordered transport (NCCL) has a
+// synchronize() for this, which must come before a download of its results
+// (a download waits without a deadline).
+template <communicator Comm>
+void wait_for(Comm& comm) {
+  if constexpr (requires { comm.synchronize(); }) comm.synchronize();
+}
+
 // Throws input_error(where, argument, ...) on every rank unless every rank
 // passed the same values (configurations, shard shapes): one all_gather, so
 // a rank that was given another model fails everywhere instead of hanging
@@ -93,6 +102,7 @@ void require_same_on_every_rank(Comm& comm, std::string_view where, std::string_
   Tensor<double, 1> mine({n}, comm.memory()), all({n * ranks}, comm.memory());
   difftx::detail::copy_elements(mine.data(), comm.memory(), values.data(), host_memory(), n);
   comm.all_gather(mine.const_view(), all.view());
+  wait_for(comm);
   std::vector<double> everyone(static_cast<std::size_t>(n * ranks));
   difftx::detail::copy_elements(everyone.data(), host_memory(), all.data(), comm.memory(), n * ranks);
   const auto describe = [&](index_t r) {

@@ -101,6 +101,7 @@ class GradientAverager {
       for (index_t i = 0; i < x.size(); ++i) x.data()[i] = store<T>(load(x.data()[i]) * f);
       return;
     }
+    detail::wait_for(*comm_);
     auto host = to_host(cview<T, 1>(x), comm_->memory());
     for (index_t i = 0; i < host.size(); ++i) host.data()[i] = store<T>(load(host.data()[i]) * f);
     difftx::detail::copy_elements(x.data(), comm_->memory(), host.data(), host_memory(), x.size());

@@ -27,6 +27,7 @@
 // whole, then cut), so a p-rank model starts equal to its one-process twin.
 #pragma once
 
+#include <cmath>
 #include <concepts>
 #include <string>
 #include <string_view>
@@ -36,6 +37,7 @@
 #include "difftx/core/transfer.hpp"
 #include "difftx/modules/decoder_layer.hpp"
 #include "difftx/ops/elementwise.hpp"
+#include "difftx/optim/adamw.hpp"
 #include "difftx/parallel/communicator.hpp"
 
 namespace difftx::parallel {
@@ -352,10 +354,32 @@ std::vector<T> whole_parameter(const parameter_ref<T>& p, const T* source, Comm&
   Tensor<T, 1> part({p.size()}, comm.memory()), gathered({p.size() * p.shard.ranks}, comm.memory());
   difftx::detail::copy_elements(part.data(), comm.memory(), source, *p.memory, p.size());
   comm.all_gather(part.const_view(), gathered.view());
+  detail::wait_for(comm);
   std::vector<T> rank_major(whole.size());
   difftx::detail::copy_elements(rank_major.data(), host_memory(), gathered.data(), comm.memory(), gathered.size());
   join_shards(p, rank_major.data(), whole.data());
   return whole;
+}
+
+// clip_grad_norm (optim/adamw.hpp) for a tensor-parallel model: the norm of
+// the whole model's gradients, the split parameters' parts summed over the
+// ranks (one all-reduce) and the whole ones, equal everywhere, counted once.
+// Collective; every rank clips by the same factor and gets the same norm.
+template <Scalar T, communicator Comm>
+double clip_grad_norm(const std::vector<parameter_ref<T>>& parameters, double max_norm, Comm& comm) {
+  constexpr std::string_view where = "parallel::clip_grad_norm";
+  std::vector<parameter_ref<T>> parts, wholes;
+  for (const auto& p : parameters) (p.is_shard() ? parts : wholes).push_back(p);
+  Tensor<double, 1> sum({1}, comm.memory());
+  const double mine = difftx::detail::gradient_sum_of_squares(parts, where);
+  difftx::detail::copy_elements(sum.data(), comm.memory(), &mine, host_memory(), 1);
+  comm.all_reduce_sum(sum.view());
+  detail::wait_for(comm);
+  double total = 0;
+  difftx::detail::copy_elements(&total, host_memory(), sum.data(), comm.memory(), 1);
+  const double norm = std::sqrt(total + difftx::detail::gradient_sum_of_squares(wholes, where));
+  difftx::detail::clip_to_norm(parameters, norm, max_norm);
+  return norm;
 }
 
 // The Differential Transformer layer with its attention and SwiGLU split over

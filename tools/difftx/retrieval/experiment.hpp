@@ -51,6 +51,10 @@ struct train_config {
   double beta1 = 0.9, beta2 = 0.98;  // the paper's betas
   double clip = 1.0;                 // global gradient-norm clip; 0: none
   std::uint64_t seed = 1;
+  // Data parallelism: this process trains on sequences [rank·batch/ranks,
+  // (rank + 1)·batch/ranks) of every batch (each draws the whole batch, so the
+  // stream is the same everywhere); train()'s after_backward averages gradients.
+  index_t rank = 0, ranks = 1;
 };
 
 struct eval_config {
@@ -217,7 +221,13 @@ class trainer {
     return n;
   }
 
-  void train(const step_callback& on_step = {}) {
+  // after_backward: called between the backward and the clipping (a
+  // data-parallel job's gradient average, parallel/data_parallel.hpp).
+  void train(const step_callback& on_step = {}, const std::function<void()>& after_backward = {}) {
+    require(train_.ranks >= 1 && train_.rank >= 0 && train_.rank < train_.ranks && train_.batch % train_.ranks == 0,
+            "retrieval::trainer", "train.batch", "a batch split evenly over " + std::to_string(train_.ranks) + " ranks",
+            std::to_string(train_.batch) + " sequences, rank " + std::to_string(train_.rank));
+    const index_t share = train_.batch / train_.ranks;
     const AdamWConfig config{{.peak = train_.lr, .warmup_steps = train_.warmup, .total_steps = train_.steps,
                               .decay = lr_decay::cosine, .final_ratio = train_.final_lr_ratio},
                              train_.beta1, train_.beta2, 1e-8, train_.weight_decay};
@@ -230,7 +240,10 @@ class trainer {
     const auto start = std::chrono::steady_clock::now();
     for (index_t step = 0; step < train_.steps; ++step) {
       std::vector<example> examples;
-      for (index_t i = 0; i < train_.batch; ++i) examples.push_back(generate_training(task_, data));
+      for (index_t i = 0; i < train_.batch; ++i) {
+        auto e = generate_training(task_, data);
+        if (i / share == train_.rank) examples.push_back(std::move(e));
+      }
       const batch b = make_batch(std::move(examples));
       logits_.resize(model_.output_shape(b.tokens.shape()));
       dlogits_.resize(logits_.shape());
@@ -243,6 +256,7 @@ class trainer {
       zero_grad(model_);
       loss.backward(logits_.view(), b.targets.view(), loss_saved, dlogits_.view());
       model_.backward(b.tokens.view(), dlogits_.view(), saved);
+      if (after_backward) after_backward();
       record.grad_norm = clip_grad_norm(parameters, train_.clip);
       optimiser.step();
       record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
