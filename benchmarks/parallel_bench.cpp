@@ -16,6 +16,7 @@
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,10 +35,8 @@ using layer = DecoderLayer<float, D, policy::simd>;
 using parallel_layer = parallel::TensorParallelDecoderLayer<parallel::mpi_communicator, float, D, policy::simd>;
 const DecoderLayerConfig config{{.d_model = C, .heads = h, .kv_heads = h}, F};
 
-parallel::mpi_communicator& world() {
-  static parallel::mpi_communicator comm;
-  return comm;
-}
+std::optional<parallel::mpi_communicator> world_communicator;  // between MPI_Init and MPI_Finalize
+parallel::mpi_communicator& world() { return *world_communicator; }
 
 Tensor<float, 3> random_input(index_t b, std::uint64_t seed) {
   Tensor<float, 3> x({b, N, C});
@@ -101,6 +100,7 @@ class silent_reporter : public benchmark::BenchmarkReporter {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  world_communicator.emplace();
   {
     const std::string suffix = "/float32/batch:" + std::to_string(batch) + "/N:" + std::to_string(N);
     // Fixed iterations: every rank must run the same collectives.
@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
     else
       benchmark::RunSpecifiedBenchmarks(&silent);
   }
+  world_communicator.reset();
   MPI_Finalize();
   return 0;
 }

@@ -14,6 +14,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,12 +40,11 @@ using test_support::randomise_parameters;
 
 namespace {
 
-// The communicator every case shares; a minute is far beyond any collective
-// here, so a failing rank ends the run instead of hanging it.
-mpi_communicator& world() {
-  static mpi_communicator comm(MPI_COMM_WORLD, std::chrono::seconds(60));
-  return comm;
-}
+// The communicator every case shares (made after MPI_Init, freed before
+// MPI_Finalize in main); a minute is far beyond any collective here, so a
+// failing rank ends the run instead of hanging it.
+std::optional<mpi_communicator> world_communicator;
+mpi_communicator& world() { return *world_communicator; }
 
 template <class T, class Policy>
 struct setting {
@@ -360,10 +360,10 @@ TEST_CASE_TEMPLATE("data-parallel training for k steps equals one process on the
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  world_communicator.emplace(MPI_COMM_WORLD, std::chrono::seconds(60));
   doctest::Context context(argc, argv);
   int failed = context.run();
+  world_communicator.reset();
   // Every rank reports failure if any rank failed.
   MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();
