@@ -104,10 +104,13 @@ int main(int argc, char** argv) {
   {
     const std::string suffix = "/float32/batch:" + std::to_string(batch) + "/N:" + std::to_string(N);
     // Fixed iterations: every rank must run the same collectives.
-    for (auto [name, fn] : {std::pair{"Whole/DecoderLayer" + suffix + "/forward_backward", &whole},
-                            std::pair{"DataParallel/DecoderLayer" + suffix + "/step", &data_parallel_step},
-                            std::pair{"DataParallel/DecoderLayer/float32/average", &data_parallel_average},
-                            std::pair{"TensorParallel/DecoderLayer" + suffix + "/forward_backward", &tensor_parallel}})
+    using benchmark_fn = void (*)(benchmark::State&);
+    const std::pair<std::string, benchmark_fn> benchmarks[] = {
+        {"Whole/DecoderLayer" + suffix + "/forward_backward", &whole},
+        {"DataParallel/DecoderLayer" + suffix + "/step", &data_parallel_step},
+        {"DataParallel/DecoderLayer/float32/average", &data_parallel_average},
+        {"TensorParallel/DecoderLayer" + suffix + "/forward_backward", &tensor_parallel}};
+    for (const auto& [name, fn] : benchmarks)
       benchmark::RegisterBenchmark(name.c_str(), fn)->Iterations(4)->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::Initialize(&argc, argv);
     silent_reporter silent;

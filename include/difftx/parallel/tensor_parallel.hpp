@@ -72,30 +72,43 @@ constexpr index_t compiled_head_dim_of() {
 
 }  // namespace detail
 
-template <Scalar T, index_t D, class Policy>
-struct tensor_parallel_traits<MultiHead<T, D, Policy>> {
-  using module_type = MultiHead<T, D, Policy>;
+namespace detail {
+
+// What the attention modules share: a config with heads and kv_heads (0: as
+// many as heads), split into h/p heads and g/p groups per rank.
+template <class Module, class Config>
+struct attention_split {
+  using module_type = Module;
+  using policy_type = typename Module::policy_type;
   struct arguments {
-    arguments(const MultiHeadConfig& c, Policy p = {}) : config(c), policy(std::move(p)) {}
-    MultiHeadConfig config;
-    Policy policy;
+    arguments(const Config& c, policy_type p = {}) : config(c), policy(std::move(p)) {}
+    Config config;
+    policy_type policy;
   };
-  static constexpr std::string_view name = "TensorParallel<MultiHead>";
   static module_type whole(const arguments& a) { return module_type(a.config, a.policy); }
-  static module_type part(const arguments& a, int ranks) {
+  static module_type part(std::string_view name, const arguments& a, int ranks) {
     auto c = a.config;
     const index_t groups = c.kv_heads == 0 ? c.heads : c.kv_heads;
-    c.heads = detail::divided(name, "config.heads", c.heads, ranks);
-    c.kv_heads = detail::divided(name, "config.kv_heads", groups, ranks);
+    c.heads = divided(name, "config.heads", c.heads, ranks);
+    c.kv_heads = divided(name, "config.kv_heads", groups, ranks);
     return module_type(c, a.policy);
   }
-  static MultiHeadConfig full_config(const module_type& part, int ranks) {
+  static Config full_config(const module_type& part, int ranks) {
     auto c = part.config();
     c.heads *= ranks;
     c.kv_heads *= ranks;
     return c;
   }
-  static std::vector<double> fingerprint(const arguments& a) {
+};
+
+}  // namespace detail
+
+template <Scalar T, index_t D, class Policy>
+struct tensor_parallel_traits<MultiHead<T, D, Policy>> : detail::attention_split<MultiHead<T, D, Policy>, MultiHeadConfig> {
+  using base = detail::attention_split<MultiHead<T, D, Policy>, MultiHeadConfig>;
+  static constexpr std::string_view name = "TensorParallel<MultiHead>";
+  static auto part(const typename base::arguments& a, int ranks) { return base::part(name, a, ranks); }
+  static std::vector<double> fingerprint(const typename base::arguments& a) {
     const auto& c = a.config;
     return {double(c.d_model), double(c.heads), double(c.kv_heads), double(c.layer_index), c.rope_theta,
             double(c.causal), double(c.head_dim)};
@@ -104,29 +117,12 @@ struct tensor_parallel_traits<MultiHead<T, D, Policy>> {
 };
 
 template <Scalar T, index_t D, class Policy>
-struct tensor_parallel_traits<MultiHeadV2<T, D, Policy>> {
-  using module_type = MultiHeadV2<T, D, Policy>;
-  struct arguments {
-    arguments(const MultiHeadV2Config& c, Policy p = {}) : config(c), policy(std::move(p)) {}
-    MultiHeadV2Config config;
-    Policy policy;
-  };
+struct tensor_parallel_traits<MultiHeadV2<T, D, Policy>>
+    : detail::attention_split<MultiHeadV2<T, D, Policy>, MultiHeadV2Config> {
+  using base = detail::attention_split<MultiHeadV2<T, D, Policy>, MultiHeadV2Config>;
   static constexpr std::string_view name = "TensorParallel<MultiHeadV2>";
-  static module_type whole(const arguments& a) { return module_type(a.config, a.policy); }
-  static module_type part(const arguments& a, int ranks) {
-    auto c = a.config;
-    const index_t groups = c.kv_heads == 0 ? c.heads : c.kv_heads;
-    c.heads = detail::divided(name, "config.heads", c.heads, ranks);
-    c.kv_heads = detail::divided(name, "config.kv_heads", groups, ranks);
-    return module_type(c, a.policy);
-  }
-  static MultiHeadV2Config full_config(const module_type& part, int ranks) {
-    auto c = part.config();
-    c.heads *= ranks;
-    c.kv_heads *= ranks;
-    return c;
-  }
-  static std::vector<double> fingerprint(const arguments& a) {
+  static auto part(const typename base::arguments& a, int ranks) { return base::part(name, a, ranks); }
+  static std::vector<double> fingerprint(const typename base::arguments& a) {
     const auto& c = a.config;
     return {double(c.d_model), double(c.heads), double(c.kv_heads), c.rope_theta, double(c.causal), double(c.head_dim),
             double(c.differential)};
