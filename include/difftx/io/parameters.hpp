@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "difftx/core/transfer.hpp"
 #include "difftx/io/tensor_file.hpp"
 #include "difftx/io/tensor_ref.hpp"
 #include "difftx/modules/parameter.hpp"
@@ -80,17 +81,6 @@ void load_parameters(Module& module, const tensor_file& file, const std::string&
 
 namespace detail {
 
-// A host copy of count elements of a parameter's values or gradients (source).
-template <class T>
-std::vector<T> host_copy(const parameter_ref<T>& p, const T* source) {
-  std::vector<T> host(static_cast<std::size_t>(p.size()));
-  if (p.space() == memory_space::host)
-    std::copy_n(source, p.size(), host.begin());
-  else
-    p.memory->download(host.data(), source, host.size() * sizeof(T));
-  return host;
-}
-
 // file[prefix + name] = whole(p) for each parameter p, stored as `type`; every
 // tensor is made before the file changes, so a throwing whole() changes nothing.
 template <class Module, class Whole>
@@ -107,7 +97,8 @@ std::vector<double> whole_values(const parameter_ref<T>& p, Pick pick) {
   require(!p.is_shard(), "store_parameters", p.name,
           "a whole parameter (a tensor-parallel module's parts are gathered by the overload taking its communicator, parallel/checkpoint.hpp)",
           "rank " + std::to_string(p.shard.rank) + "'s part of " + std::to_string(p.shard.ranks));
-  const auto host = host_copy(p, pick(p));
+  std::vector<T> host(static_cast<std::size_t>(p.size()));
+  difftx::detail::copy_elements(host.data(), host_memory(), pick(p), *p.memory, p.size());
   return to_doubles(host.data(), host.size());
 }
 

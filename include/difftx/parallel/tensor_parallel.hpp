@@ -148,8 +148,30 @@ struct tensor_parallel_traits<SwiGLU<T, Policy>> {
   static parameter_shard::split split_of(std::string_view name) { return detail::projection_split(name, "down_proj.weight"); }
 };
 
+// Every parameter of `parallel` (a tensor-parallel module, layer or stack)
+// from this rank's part of the same parameter of `whole` (its one-process
+// twin, held by this rank): how a model built or trained whole is split.
+// The names and whole shapes must match (input_error before anything is written).
 template <class Whole, class Parallel>
-void copy_parts(Whole& whole, Parallel& parallel);
+void copy_parts(Whole& whole, Parallel& parallel) {
+  using T = typename Parallel::value_type;
+  const auto from = whole.parameters();
+  const auto to = parallel.parameters();
+  for (std::size_t i = 0; i < from.size() && i < to.size(); ++i)
+    require(to[i].name == from[i].name && to[i].full_shape() == from[i].shape, "copy_parts", to[i].name,
+            "'" + from[i].name + "' of shape " + shape_string(from[i].shape) + " as in whole",
+            "'" + to[i].name + "' of whole shape " + shape_string(to[i].full_shape()));
+  require(to.size() == from.size(), "copy_parts", "parallel", std::to_string(from.size()) + " parameters as in whole",
+          std::to_string(to.size()));
+  std::vector<T> full, part;
+  for (std::size_t i = 0; i < to.size(); ++i) {
+    full.resize(static_cast<std::size_t>(from[i].size()));
+    part.resize(static_cast<std::size_t>(to[i].size()));
+    difftx::detail::copy_elements(full.data(), host_memory(), from[i].value, *from[i].memory, from[i].size());
+    take_shard(to[i], full.data(), part.data());
+    difftx::detail::copy_elements(to[i].value, *to[i].memory, part.data(), host_memory(), to[i].size());
+  }
+}
 
 template <class Module, communicator Comm>
 class TensorParallel {
@@ -288,11 +310,11 @@ class TensorParallel {
     return traits::part(args, comm.size());
   }
   void sum_over_ranks(TensorView<T, 3> y) const { comm_->all_reduce_sum(y.template reshape<1>({y.size()})); }
-  // The parameters every rank holds whole (their gradients are partial sums).
+  // The parameters the traits never split (their gradients are partial sums).
   std::vector<parameter_ref<T>> whole_parameters() {
     std::vector<parameter_ref<T>> shared;
-    for (auto& p : parameters())
-      if (!p.is_shard()) shared.push_back(std::move(p));
+    for (auto& p : local_.parameters())
+      if (traits::split_of(p.name) == parameter_shard::split::none) shared.push_back(std::move(p));
     return shared;
   }
   // The gradients of params, one after another, into buffer (or back from it).
@@ -310,31 +332,6 @@ class TensorParallel {
   arguments args_;
   Module local_;
 };
-
-// Every parameter of `parallel` (a tensor-parallel module, layer or stack)
-// from this rank's part of the same parameter of `whole` (its one-process
-// twin, held by this rank): how a model built or trained whole is split.
-// The names and whole shapes must match (input_error before anything is written).
-template <class Whole, class Parallel>
-void copy_parts(Whole& whole, Parallel& parallel) {
-  using T = typename Parallel::value_type;
-  const auto from = whole.parameters();
-  const auto to = parallel.parameters();
-  for (std::size_t i = 0; i < from.size() && i < to.size(); ++i)
-    require(to[i].name == from[i].name && to[i].full_shape() == from[i].shape, "copy_parts", to[i].name,
-            "'" + from[i].name + "' of shape " + shape_string(from[i].shape) + " as in whole",
-            "'" + to[i].name + "' of whole shape " + shape_string(to[i].full_shape()));
-  require(to.size() == from.size(), "copy_parts", "parallel", std::to_string(from.size()) + " parameters as in whole",
-          std::to_string(to.size()));
-  std::vector<T> full, part;
-  for (std::size_t i = 0; i < to.size(); ++i) {
-    full.resize(static_cast<std::size_t>(from[i].size()));
-    part.resize(static_cast<std::size_t>(to[i].size()));
-    difftx::detail::copy_elements(full.data(), host_memory(), from[i].value, *from[i].memory, from[i].size());
-    take_shard(to[i], full.data(), part.data());
-    difftx::detail::copy_elements(to[i].value, *to[i].memory, part.data(), host_memory(), to[i].size());
-  }
-}
 
 // This rank's values (or gradients: source = p.grad) of p, whole: gathered
 // from every rank where p is split (collective), a copy where it is not.
