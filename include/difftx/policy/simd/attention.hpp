@@ -40,69 +40,84 @@ constexpr index_t attention_block = 64;  // queries and keys per tile; a multipl
 
 inline index_t round_up(index_t n, index_t to) { return (n + to - 1) / to * to; }
 
-// The keys and values of one (batch row, group), as A. The transposed copies
-// are stored block by block, so the tile a product reads is contiguous (a
-// row stride of n_pad floats would put every row of a tile in the same L1 set
-// whenever n_pad is a multiple of 1024).
+// The keys and values of one (batch row, group), as A, in whole blocks (zero
+// past the last key). The transposed copies are stored block by block, so the
+// tile a product reads is contiguous (a row stride of n_pad floats would put
+// every row of a tile in the same L1 set whenever n_pad is a multiple of 1024).
 template <class A>
 struct packed_keys {
   index_t n_pad = 0, maps = 1;
-  std::vector<A> kt;  // [blocks][Maps][d][Bs]  S = Q · kt
-  std::vector<A> k;   // [Maps][n_pad][d]       dQ = dS · k          (backward)
-  std::vector<A> v;   // [n_pad][dv]            O += P · v
-  std::vector<A> vt;  // [blocks][dv][Bs]       dP = dO · vt          (backward)
+  aligned_vector<A> kt;  // [blocks][Maps][d][Bs]  S = Q · kt
+  aligned_vector<A> k;   // [Maps][n_pad][d]       dQ = dS · k          (backward)
+  aligned_vector<A> v;   // [n_pad][dv]            O += P · v           (forward)
+  aligned_vector<A> vt;  // [blocks][dv][Bs]       dP = dO · vt          (backward)
   // The tile of kt / vt for key block kb (map m).
   const A* kt_tile(index_t kb, index_t m, index_t d) const { return kt.data() + ((kb * maps + m) * d) * attention_block; }
   const A* vt_tile(index_t kb, index_t dv) const { return vt.data() + kb * dv * attention_block; }
 
-  // Zeroed buffers for N keys (padding stays zero).
+  // Sized for N keys; pack_key_block writes every element, so nothing is zeroed here.
   void reset(index_t N, index_t Maps, index_t d, index_t dv, bool for_backward) {
     n_pad = round_up(N, attention_block);
     maps = Maps;
-    auto zeroed = [](std::vector<A>& buffer, index_t size) { buffer.assign(static_cast<std::size_t>(size), A(0)); };
-    zeroed(kt, Maps * d * n_pad);
-    zeroed(v, n_pad * dv);
-    zeroed(k, for_backward ? Maps * n_pad * d : 0);
-    zeroed(vt, for_backward ? dv * n_pad : 0);
+    auto sized = [](aligned_vector<A>& buffer, index_t size) { buffer.resize(static_cast<std::size_t>(size)); };
+    sized(kt, Maps * d * n_pad);
+    sized(k, for_backward ? Maps * n_pad * d : 0);
+    sized(v, for_backward ? 0 : n_pad * dv);
+    sized(vt, for_backward ? dv * n_pad : 0);
   }
 };
 
-// Key and value t of (batch row b, group j) into their places in out.
+// Key block kb of (batch row b, group j) into out. Each map's keys, then the
+// values, go through `staging` as a [Bs][width] block of A (zero rows past the
+// last key), and from there to their places a tile at a time, so every write
+// is sequential (a key at a time, the transposed copies took a cache line per
+// element and 5% of the backward).
 template <int Maps, class T>
-void pack_key(cview<T, 5> k, cview<T, 4> v, index_t b, index_t j, index_t t, packed_keys<accum_t<T>>& out,
-              std::vector<accum_t<T>>& row_scratch) {
+void pack_key_block(cview<T, 5> k, cview<T, 4> v, index_t b, index_t j, index_t kb, packed_keys<accum_t<T>>& out,
+                    std::vector<accum_t<T>>& staging) {
   using A = accum_t<T>;
-  const index_t N = k.extent(1), G = k.extent(2), d = k.extent(4), dv = v.extent(3);
   constexpr index_t Bs = attention_block;
+  const index_t N = k.extent(1), G = k.extent(2), d = k.extent(4), dv = v.extent(3), t0 = kb * Bs;
+  const index_t keys = std::min(Bs, N - t0);
   const bool for_backward = !out.k.empty();
+  auto stage = [&](index_t width, auto row_of_key) {
+    staging.resize(static_cast<std::size_t>(Bs * width));
+    for (index_t t = 0; t < keys; ++t) to_accum(row_of_key(t0 + t), width, staging.data() + t * width);
+    std::fill(staging.begin() + keys * width, staging.begin() + Bs * width, A(0));
+  };
+  auto stage_transposed_into = [&](index_t width, A* tile) {  // tile [width][Bs]
+    for (index_t c = 0; c < width; ++c)
+      for (index_t t = 0; t < Bs; ++t) tile[c * Bs + t] = staging[static_cast<std::size_t>(t * width + c)];
+  };
   for (index_t m = 0; m < Maps; ++m) {
-    const A* row = accum_row(k.data() + (((b * N + t) * G + j) * Maps + m) * d, d, row_scratch);
-    for (index_t c = 0; c < d; ++c) out.kt[static_cast<std::size_t>((((t / Bs) * Maps + m) * d + c) * Bs + t % Bs)] = row[c];
-    if (for_backward) std::copy(row, row + d, out.k.begin() + (m * out.n_pad + t) * d);
+    stage(d, [&](index_t t) { return k.data() + (((b * N + t) * G + j) * Maps + m) * d; });
+    stage_transposed_into(d, out.kt.data() + (kb * Maps + m) * d * Bs);
+    if (for_backward) std::copy(staging.begin(), staging.begin() + Bs * d, out.k.begin() + (m * out.n_pad + t0) * d);
   }
-  const A* row = accum_row(v.data() + ((b * N + t) * G + j) * dv, dv, row_scratch);
-  std::copy(row, row + dv, out.v.begin() + t * dv);
+  stage(dv, [&](index_t t) { return v.data() + ((b * N + t) * G + j) * dv; });
   if (for_backward)
-    for (index_t c = 0; c < dv; ++c) out.vt[static_cast<std::size_t>(((t / Bs) * dv + c) * Bs + t % Bs)] = row[c];
+    stage_transposed_into(dv, out.vt.data() + kb * dv * Bs);
+  else
+    std::copy(staging.begin(), staging.begin() + Bs * dv, out.v.begin() + t0 * dv);
 }
 
 // One pair's keys, queries and output gradients, packed for the backward.
 template <class A>
 struct packed_pair {
   packed_keys<A> keys;
-  std::vector<A> q;    // [r][Maps][n_pad][d], scaled by 1/sqrt(d)
-  std::vector<A> d_o;  // [r][n_pad][dv]
+  aligned_vector<A> q;    // [r][Maps][n_pad][d], scaled by 1/sqrt(d)
+  aligned_vector<A> d_o;  // [r][n_pad][dv]
 };
 
 // A thread's tiles for the backward of one key block.
 template <class A>
 struct backward_tiles {
-  std::vector<A> probabilities, weight, dp, ds, dk, dv;
+  aligned_vector<A> probabilities, weight, dp, ds, dk, dv;
   backward_tiles(index_t maps, index_t d, index_t dv_size)
       : probabilities(static_cast<std::size_t>(maps * attention_block * attention_block)),
-        weight(static_cast<std::size_t>(attention_block * attention_block)),
-        dp(weight.size()),
-        ds(weight.size()),
+        weight(static_cast<std::size_t>(maps == 2 ? attention_block * attention_block : 0)),
+        dp(static_cast<std::size_t>(attention_block * attention_block)),
+        ds(dp.size()),
         dk(static_cast<std::size_t>(maps * attention_block * d)),
         dv(static_cast<std::size_t>(attention_block * dv_size)) {}
 };
@@ -137,6 +152,23 @@ void scale_in_place(A* x, index_t n, A factor) {
   index_t i = 0;
   for (; i + W <= n; i += W) (V::load_unaligned(x + i) * V(factor)).store_unaligned(x + i);
   for (; i < n; ++i) x[i] *= factor;
+}
+
+// Asks for n values from first on into L2, for writing. dQ's accumulator is
+// too large for L2 (n_pad·d per head and map); without this its tile arrived
+// from L3 only when the dQ product loaded it, which then ran 20% slower than
+// the other products.
+template <class A>
+void prefetch_tile(const A* first, index_t n) {
+  for (index_t e = 0; e < n; e += index_t(64 / sizeof(A))) __builtin_prefetch(first + e, 1, 2);
+}
+
+// out = x + a y on Bs x Bs tiles (a whole number of vectors).
+template <class A>
+void add_scaled_tile(const A* x, A a, const A* y, A* out) {
+  using V = vec<A>;
+  for (index_t e = 0; e < attention_block * attention_block; e += V::size)
+    xsimd::fma(V(a), V::load_unaligned(y + e), V::load_unaligned(x + e)).store_unaligned(out + e);
 }
 
 // p[t] = exp(p[t] - shift) for t < n, in place.
@@ -181,12 +213,15 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
   // head) item, so that short sequences still give each thread several items.
 #pragma omp parallel num_threads(thread_count(p))
   {
-    std::vector<A> q_tile(static_cast<std::size_t>(Maps * Bs * d)), s(static_cast<std::size_t>(Bs * Bs)),
+    aligned_vector<A> q_tile(static_cast<std::size_t>(Maps * Bs * d)), s(static_cast<std::size_t>(Bs * Bs)),
         acc(static_cast<std::size_t>(Maps * Bs * dv)), running_max(static_cast<std::size_t>(Maps * Bs)),
-        running_sum(static_cast<std::size_t>(Maps * Bs)), row_scratch;
+        running_sum(static_cast<std::size_t>(Maps * Bs));
+    std::vector<A> row_scratch;
 #pragma omp for schedule(static)
-    for (index_t key = 0; key < pairs * N; ++key)
-      pack_key<Maps, T>(k, v, key / N / G, key / N % G, key % N, keys[static_cast<std::size_t>(key / N)], row_scratch);
+    for (index_t block = 0; block < pairs * blocks; ++block) {
+      const index_t pair = block / blocks;
+      pack_key_block<Maps, T>(k, v, pair / G, pair % G, block % blocks, keys[static_cast<std::size_t>(pair)], row_scratch);
+    }
 
     // Items from the last query block down: with a causal mask they are the largest.
 #pragma omp for schedule(dynamic, 1)
@@ -299,24 +334,33 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
   // tiles while every query block of every head of the group that sees these
   // keys passes by, and dQ's contributions go to a [r][Maps][n_pad][d] accumulator.
   const index_t pairs = B * G;
-  auto reset = [&](packed_pair<A>& packed) {
+  auto reset = [&](packed_pair<A>& packed) {  // pack_block writes every element
     packed.keys.reset(N, Maps, d, dv_size, true);
-    packed.q.assign(static_cast<std::size_t>(r * Maps * n_pad * d), A(0));  // scaled by 1/sqrt(d)
-    packed.d_o.assign(static_cast<std::size_t>(r * n_pad * dv_size), A(0));
+    packed.q.resize(static_cast<std::size_t>(r * Maps * n_pad * d));  // scaled by 1/sqrt(d)
+    packed.d_o.resize(static_cast<std::size_t>(r * n_pad * dv_size));
   };
-  auto pack_row = [&](index_t pair, index_t i, packed_pair<A>& packed, std::vector<A>& scratch) {
+  // Block kb of the pair's keys, queries and output gradients (zero past N).
+  auto pack_block = [&](index_t pair, index_t kb, packed_pair<A>& packed, std::vector<A>& scratch) {
     const index_t b = pair / G, j = pair % G;
-    pack_key<Maps, T>(k, v, b, j, i, packed.keys, scratch);
-    for (index_t hl = 0; hl < r; ++hl) {
-      const index_t h = j * r + hl;
-      for (index_t m = 0; m < Maps; ++m) {
-        const A* row = accum_row(q.data() + (((b * N + i) * H + h) * Maps + m) * d, d, scratch);
-        A* dst = packed.q.data() + ((hl * Maps + m) * n_pad + i) * d;
-        for (index_t c = 0; c < d; ++c) dst[c] = row[c] * scale;
+    pack_key_block<Maps, T>(k, v, b, j, kb, packed.keys, scratch);
+    for (index_t i = kb * Bs; i < (kb + 1) * Bs; ++i)
+      for (index_t hl = 0; hl < r; ++hl) {
+        const index_t h = j * r + hl;
+        for (index_t m = 0; m < Maps; ++m) {
+          A* dst = packed.q.data() + ((hl * Maps + m) * n_pad + i) * d;
+          if (i >= N) {
+            std::fill(dst, dst + d, A(0));
+            continue;
+          }
+          const A* row = accum_row(q.data() + (((b * N + i) * H + h) * Maps + m) * d, d, scratch);
+          for (index_t c = 0; c < d; ++c) dst[c] = row[c] * scale;
+        }
+        A* dst = packed.d_o.data() + (hl * n_pad + i) * dv_size;
+        if (i >= N)
+          std::fill(dst, dst + dv_size, A(0));
+        else
+          to_accum(d_o.data() + ((b * N + i) * H + h) * dv_size, dv_size, dst);
       }
-      const A* g = accum_row(d_o.data() + ((b * N + i) * H + h) * dv_size, dv_size, scratch);
-      std::copy(g, g + dv_size, packed.d_o.begin() + (hl * n_pad + i) * dv_size);
-    }
   };
   auto key_block = [&](index_t pair, const packed_pair<A>& packed, index_t kb, A* dq_acc, backward_tiles<A>& tiles) {
     const index_t b = pair / G, j = pair % G, t0 = kb * Bs;
@@ -330,6 +374,7 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
       for (index_t qb = causal ? kb : 0; qb < blocks; ++qb) {
         const index_t i0 = qb * Bs;
         const A* do_tile = packed.d_o.data() + (hl * n_pad + i0) * dv_size;
+        for (index_t m = 0; m < Maps; ++m) prefetch_tile(dq_acc + ((hl * Maps + m) * n_pad + i0) * d, Bs * d);
         // P_m = exp(S_m - lse_m), masked; weight = Σ_m c_m P_m
         for (index_t m = 0; m < Maps; ++m) {
           A* pm = probabilities + m * Bs * Bs;
@@ -341,13 +386,13 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
             exponentiate(pm + i * Bs, visible, row_lse);
           }
         }
-        for (index_t e = 0; e < Bs * Bs; ++e) {
-          A w = probabilities[e];
-          if constexpr (Maps == 2) w += coeff[1] * probabilities[Bs * Bs + e];
-          weight[e] = w;
+        const A* weight_tile = probabilities;  // one map: its probabilities
+        if constexpr (Maps == 2) {
+          add_scaled_tile(probabilities, coeff[1], probabilities + Bs * Bs, weight);
+          weight_tile = weight;
         }
         // dV += weightᵀ dO;  dP = dO Vᵀ
-        tile_product<a_layout::transposed>(Bs, dv_size, Bs, weight, Bs, do_tile, dv_size, dv_tile, dv_size, true);
+        tile_product<a_layout::transposed>(Bs, dv_size, Bs, weight_tile, Bs, do_tile, dv_size, dv_tile, dv_size, true);
         tile_product<a_layout::rows>(Bs, Bs, dv_size, do_tile, dv_size, keys.vt_tile(kb, dv_size), Bs, dp, Bs, false);
         for (index_t m = 0; m < Maps; ++m) {
           // dS_m = c_m P_m ⊙ (dP - D_m), with respect to the scaled scores
@@ -395,11 +440,12 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
     {
       packed_pair<A> packed;
       backward_tiles<A> tiles(Maps, d, dv_size);
-      std::vector<A> dq_acc, scratch;
+      aligned_vector<A> dq_acc;
+      std::vector<A> scratch;
 #pragma omp for schedule(dynamic, 1)
       for (index_t pair = 0; pair < pairs; ++pair) {
         reset(packed);
-        for (index_t i = 0; i < N; ++i) pack_row(pair, i, packed, scratch);
+        for (index_t kb = 0; kb < blocks; ++kb) pack_block(pair, kb, packed, scratch);
         dq_acc.assign(dq_size, A(0));
         for (index_t kb = 0; kb < blocks; ++kb) key_block(pair, packed, kb, dq_acc.data(), tiles);
         const std::vector<const A*> accumulators{dq_acc.data()};
@@ -410,7 +456,7 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
     // Else the threads share each pair's key blocks, each with its own dQ
     // accumulator, summed at the end.
     packed_pair<A> packed;
-    std::vector<std::vector<A>> dq_partial(static_cast<std::size_t>(threads));
+    std::vector<aligned_vector<A>> dq_partial(static_cast<std::size_t>(threads));
     for (index_t pair = 0; pair < pairs; ++pair) {
       reset(packed);
       for (auto& partial : dq_partial) partial.clear();  // a thread absent from the team adds nothing
@@ -418,7 +464,7 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
       {
         std::vector<A> scratch;
 #pragma omp for schedule(static)
-        for (index_t i = 0; i < N; ++i) pack_row(pair, i, packed, scratch);
+        for (index_t kb = 0; kb < blocks; ++kb) pack_block(pair, kb, packed, scratch);
 #if defined(_OPENMP)
         auto& dq_acc = dq_partial[static_cast<std::size_t>(omp_get_thread_num())];
 #else

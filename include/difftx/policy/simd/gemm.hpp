@@ -129,7 +129,7 @@ void pack_panels(const T* src, index_t ld, index_t k, index_t n, index_t n_pad, 
 // fresh pages every time.
 template <class A>
 struct gemm_scratch {
-  std::vector<A> a, b, c;
+  aligned_vector<A> a, b, c;
   static gemm_scratch& local() {
     thread_local gemm_scratch scratch;
     return scratch;
