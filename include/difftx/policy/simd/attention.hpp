@@ -159,8 +159,10 @@ void scale_in_place(A* x, index_t n, A factor) {
 // from L3 only when the dQ product loaded it, which then ran 20% slower than
 // the other products.
 template <class A>
-void prefetch_tile(const A* first, index_t n) {
+void prefetch_tile([[maybe_unused]] const A* first, [[maybe_unused]] index_t n) {
+#if defined(__GNUC__)
   for (index_t e = 0; e < n; e += index_t(64 / sizeof(A))) __builtin_prefetch(first + e, 1, 2);
+#endif
 }
 
 // out = x + a y on Bs x Bs tiles (a whole number of vectors).
