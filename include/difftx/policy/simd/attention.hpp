@@ -47,6 +47,7 @@ inline index_t round_up(index_t n, index_t to) { return (n + to - 1) / to * to; 
 template <class A>
 struct packed_keys {
   index_t n_pad = 0, maps = 1;
+  bool for_backward = false;  // which copies reset sized: kt, k, vt for the backward, else kt, v
   aligned_vector<A> kt;  // [blocks][Maps][d][Bs]  S = Q · kt
   aligned_vector<A> k;   // [Maps][n_pad][d]       dQ = dS · k          (backward)
   aligned_vector<A> v;   // [n_pad][dv]            O += P · v           (forward)
@@ -56,9 +57,10 @@ struct packed_keys {
   const A* vt_tile(index_t kb, index_t dv) const { return vt.data() + kb * dv * attention_block; }
 
   // Sized for N keys; pack_key_block writes every element, so nothing is zeroed here.
-  void reset(index_t N, index_t Maps, index_t d, index_t dv, bool for_backward) {
+  void reset(index_t N, index_t Maps, index_t d, index_t dv, bool backward) {
     n_pad = round_up(N, attention_block);
     maps = Maps;
+    for_backward = backward;
     auto sized = [](aligned_vector<A>& buffer, index_t size) { buffer.resize(static_cast<std::size_t>(size)); };
     sized(kt, Maps * d * n_pad);
     sized(k, for_backward ? Maps * n_pad * d : 0);
@@ -79,7 +81,6 @@ void pack_key_block(cview<T, 5> k, cview<T, 4> v, index_t b, index_t j, index_t 
   constexpr index_t Bs = attention_block;
   const index_t N = k.extent(1), G = k.extent(2), d = k.extent(4), dv = v.extent(3), t0 = kb * Bs;
   const index_t keys = std::min(Bs, N - t0);
-  const bool for_backward = !out.k.empty();
   auto stage = [&](index_t width, auto row_of_key) {
     staging.resize(static_cast<std::size_t>(Bs * width));
     for (index_t t = 0; t < keys; ++t) to_accum(row_of_key(t0 + t), width, staging.data() + t * width);
@@ -92,10 +93,10 @@ void pack_key_block(cview<T, 5> k, cview<T, 4> v, index_t b, index_t j, index_t 
   for (index_t m = 0; m < Maps; ++m) {
     stage(d, [&](index_t t) { return k.data() + (((b * N + t) * G + j) * Maps + m) * d; });
     stage_transposed_into(d, out.kt.data() + (kb * Maps + m) * d * Bs);
-    if (for_backward) std::copy(staging.begin(), staging.begin() + Bs * d, out.k.begin() + (m * out.n_pad + t0) * d);
+    if (out.for_backward) std::copy(staging.begin(), staging.begin() + Bs * d, out.k.begin() + (m * out.n_pad + t0) * d);
   }
   stage(dv, [&](index_t t) { return v.data() + ((b * N + t) * G + j) * dv; });
-  if (for_backward)
+  if (out.for_backward)
     stage_transposed_into(dv, out.vt.data() + kb * dv * Bs);
   else
     std::copy(staging.begin(), staging.begin() + Bs * dv, out.v.begin() + t0 * dv);
