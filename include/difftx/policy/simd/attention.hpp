@@ -30,6 +30,7 @@
 
 #include "difftx/ops/attention.hpp"
 #include "difftx/policy/simd/common.hpp"
+#include "difftx/policy/simd/gemm.hpp"
 #include "difftx/policy/simd/tile.hpp"
 
 namespace difftx {
@@ -69,37 +70,43 @@ struct packed_keys {
   }
 };
 
-// Key block kb of (batch row b, group j) into out. Each map's keys, then the
-// values, go through `staging` as a [Bs][width] block of A (zero rows past the
-// last key), and from there to their places a tile at a time, so every write
-// is sequential (a key at a time, the transposed copies took a cache line per
-// element and 5% of the backward).
+// Rows [t0, t0 + rows) of a tensor (row t0 at first, one row every stride
+// values, width values each) as the block [Bs][width] of A at dst, zero past
+// the last row.
+template <class T>
+accum_t<T>* pack_block_rows(const T* first, index_t stride, index_t rows, index_t width, accum_t<T>* dst) {
+  pack_rows(first, stride, rows, width, dst, width);
+  std::fill(dst + rows * width, dst + attention_block * width, accum_t<T>(0));
+  return dst;
+}
+
+// Key block kb of (batch row b, group j) into out, a block of rows at a time,
+// so every write is sequential (a key at a time, the transposed copies took a
+// cache line per element and 5% of the backward). Rows without a row-major
+// home (the forward's keys, the backward's values) go through `staging`.
 template <int Maps, class T>
 void pack_key_block(cview<T, 5> k, cview<T, 4> v, index_t b, index_t j, index_t kb, packed_keys<accum_t<T>>& out,
                     std::vector<accum_t<T>>& staging) {
   using A = accum_t<T>;
+  using rows_map = Eigen::Map<Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
   constexpr index_t Bs = attention_block;
   const index_t N = k.extent(1), G = k.extent(2), d = k.extent(4), dv = v.extent(3), t0 = kb * Bs;
   const index_t keys = std::min(Bs, N - t0);
-  auto stage = [&](index_t width, auto row_of_key) {
+  auto scratch = [&](index_t width) {
     staging.resize(static_cast<std::size_t>(Bs * width));
-    for (index_t t = 0; t < keys; ++t) to_accum(row_of_key(t0 + t), width, staging.data() + t * width);
-    std::fill(staging.begin() + keys * width, staging.begin() + Bs * width, A(0));
+    return staging.data();
   };
-  auto stage_transposed_into = [&](index_t width, A* tile) {  // tile [width][Bs]
-    for (index_t c = 0; c < width; ++c)
-      for (index_t t = 0; t < Bs; ++t) tile[c * Bs + t] = staging[static_cast<std::size_t>(t * width + c)];
-  };
+  auto transposed_into = [&](A* rows, index_t width, A* tile) { rows_map(tile, width, Bs) = rows_map(rows, Bs, width).transpose(); };
   for (index_t m = 0; m < Maps; ++m) {
-    stage(d, [&](index_t t) { return k.data() + (((b * N + t) * G + j) * Maps + m) * d; });
-    stage_transposed_into(d, out.kt.data() + (kb * Maps + m) * d * Bs);
-    if (out.for_backward) std::copy(staging.begin(), staging.begin() + Bs * d, out.k.begin() + (m * out.n_pad + t0) * d);
+    A* rows = pack_block_rows(k.data() + (((b * N + t0) * G + j) * Maps + m) * d, G * Maps * d, keys, d,
+                              out.for_backward ? out.k.data() + (m * out.n_pad + t0) * d : scratch(d));
+    transposed_into(rows, d, out.kt.data() + (kb * Maps + m) * d * Bs);
   }
-  stage(dv, [&](index_t t) { return v.data() + ((b * N + t) * G + j) * dv; });
+  const T* first_value = v.data() + ((b * N + t0) * G + j) * dv;
   if (out.for_backward)
-    stage_transposed_into(dv, out.vt.data() + kb * dv * Bs);
+    transposed_into(pack_block_rows(first_value, G * dv, keys, dv, scratch(dv)), dv, out.vt.data() + kb * dv * Bs);
   else
-    std::copy(staging.begin(), staging.begin() + Bs * dv, out.v.begin() + t0 * dv);
+    pack_block_rows(first_value, G * dv, keys, dv, out.v.data() + t0 * dv);
 }
 
 // One pair's keys, queries and output gradients, packed for the backward.
@@ -344,26 +351,17 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
   };
   // Block kb of the pair's keys, queries and output gradients (zero past N).
   auto pack_block = [&](index_t pair, index_t kb, packed_pair<A>& packed, std::vector<A>& scratch) {
-    const index_t b = pair / G, j = pair % G;
+    const index_t b = pair / G, j = pair % G, t0 = kb * Bs, rows = std::min(Bs, N - t0);
     pack_key_block<Maps, T>(k, v, b, j, kb, packed.keys, scratch);
-    for (index_t i = kb * Bs; i < (kb + 1) * Bs; ++i)
-      for (index_t hl = 0; hl < r; ++hl) {
-        const index_t h = j * r + hl;
-        for (index_t m = 0; m < Maps; ++m) {
-          A* dst = packed.q.data() + ((hl * Maps + m) * n_pad + i) * d;
-          if (i >= N) {
-            std::fill(dst, dst + d, A(0));
-            continue;
-          }
-          const A* row = accum_row(q.data() + (((b * N + i) * H + h) * Maps + m) * d, d, scratch);
-          for (index_t c = 0; c < d; ++c) dst[c] = row[c] * scale;
-        }
-        A* dst = packed.d_o.data() + (hl * n_pad + i) * dv_size;
-        if (i >= N)
-          std::fill(dst, dst + dv_size, A(0));
-        else
-          to_accum(d_o.data() + ((b * N + i) * H + h) * dv_size, dv_size, dst);
-      }
+    for (index_t hl = 0; hl < r; ++hl) {
+      const index_t h = j * r + hl;
+      for (index_t m = 0; m < Maps; ++m)
+        scale_in_place(pack_block_rows(q.data() + (((b * N + t0) * H + h) * Maps + m) * d, H * Maps * d, rows, d,
+                                       packed.q.data() + ((hl * Maps + m) * n_pad + t0) * d),
+                       rows * d, scale);
+      pack_block_rows(d_o.data() + ((b * N + t0) * H + h) * dv_size, H * dv_size, rows, dv_size,
+                      packed.d_o.data() + (hl * n_pad + t0) * dv_size);
+    }
   };
   auto key_block = [&](index_t pair, const packed_pair<A>& packed, index_t kb, A* dq_acc, backward_tiles<A>& tiles) {
     const index_t b = pair / G, j = pair % G, t0 = kb * Bs;
