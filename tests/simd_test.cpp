@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <bit>
+#include <cmath>
 #include <string>
 
 #include <difftx/difftx.hpp>
@@ -105,6 +107,95 @@ TEST_CASE("simd: float16 and bfloat16 linear across the product's blocks") {
     check_reduced_linear<Eigen::bfloat16>(M, N, K);
     check_reduced_linear<Eigen::half>(M, N, K);
   }
+}
+
+// The bfloat16 dot-product path (gemm_bf16_pairs.hpp) against the
+// convert-while-packing product it replaces, element by element, in the three
+// layouts and both write modes, over block edges and odd depths. Both sum
+// exact products in float, in different orders: each float result lies within
+// K·u₃₂·Σ|a·b| of the exact sum, then each is rounded to bfloat16 once, so two
+// results differ by at most 2·K·u₃₂·Σ|a·b| + one bfloat16 step (2⁻⁷·|c|).
+// A wrong pairing or a lost panel misses by O(|c|). A scalar model of
+// vdpbf16ps runs the path's packing and blocking on every CPU; the
+// instruction itself runs where the CPU has it.
+struct modelled_bf16_pairs {
+  static constexpr int rows = 6;
+  static constexpr index_t panel_cols = 64;
+  template <int R>
+  static void add_product(index_t pairs, const simd_detail::pair_word* a, index_t lda,
+                          const simd_detail::pair_word* panel, float* c, index_t ldc) noexcept {
+    auto half = [](simd_detail::pair_word w, int h) { return std::bit_cast<float>((w >> (16 * h) & 0xffffu) << 16); };
+    for (int r = 0; r < R; ++r)
+      for (index_t col = 0; col < panel_cols; ++col) {
+        float sum = c[r * ldc + col];
+        for (index_t q = 0; q < pairs; ++q) {  // the instruction's order: the high half first
+          const auto x = a[r * lda + q], y = panel[q * panel_cols + col];
+          sum += half(x, 1) * half(y, 1);
+          sum += half(x, 0) * half(y, 0);
+        }
+        c[r * ldc + col] = sum;
+      }
+  }
+};
+
+template <simd_detail::a_storage AS, simd_detail::b_storage BS, class Kernel>
+void check_bf16_pairs(index_t M, index_t N, index_t K, bool accumulate) {
+  using simd_detail::a_storage, simd_detail::b_storage;
+  using B16 = Eigen::bfloat16;
+  const auto a = test_support::random_tensor<B16, 2>({M, K}, 21), b = test_support::random_tensor<B16, 2>({K, N}, 22),
+             c0 = test_support::random_tensor<B16, 2>({M, N}, 23);
+  // A(i, p) and B(p, j) as the layouts store them.
+  const index_t lda = AS == a_storage::rows ? K : M, ldb = BS == b_storage::rows ? N : K;
+  auto a_index = [&](index_t i, index_t p) { return AS == a_storage::rows ? i * lda + p : p * lda + i; };
+  auto b_index = [&](index_t p, index_t j) { return BS == b_storage::rows ? p * ldb + j : j * ldb + p; };
+  const B16* a_stored = a.data();  // the same M·K values, read in the layout's order
+  const B16* b_stored = b.data();
+  Tensor<B16, 2> converted = c0, paired = c0;
+  const policy::simd threads{2};
+  simd_detail::converted_gemm<AS, BS>(threads, M, N, K, a_stored, lda, b_stored, ldb, converted.data(), N, accumulate);
+  simd_detail::bf16_pair_gemm<AS, BS, Kernel>(threads, M, N, K, a_stored, lda, b_stored, ldb, paired.data(), N,
+                                               accumulate);
+  constexpr double u32 = 0x1p-24, bf16_step = 0x1p-7;
+  int misses = 0;
+  double worst = 0;
+  for (index_t i = 0; i < M; ++i)
+    for (index_t j = 0; j < N; ++j) {
+      double magnitude = accumulate ? std::abs(double(c0.data()[i * N + j])) : 0.0;
+      for (index_t p = 0; p < K; ++p)
+        magnitude += std::abs(double(a_stored[a_index(i, p)]) * double(b_stored[b_index(p, j)]));
+      const double x = double(converted.data()[i * N + j]), y = double(paired.data()[i * N + j]);
+      const double bar = 2 * (K + 1) * u32 * magnitude + bf16_step * std::max(std::abs(x), std::abs(y));
+      worst = std::max(worst, std::abs(x - y) / bar);
+      misses += std::abs(x - y) > bar;
+    }
+  INFO("M=" << M << " N=" << N << " K=" << K << std::string(accumulate ? " +=" : " =") << ", worst difference " << worst
+            << " of its bar");
+  CHECK(misses == 0);
+}
+
+template <class Kernel>
+void check_bf16_pairs_everywhere() {
+  using simd_detail::a_storage, simd_detail::b_storage;
+  // 66-row and 128-column blocks, 64-column panels, 6-row micro-tiles, depth
+  // slices of 256, odd depths (a zero pads the last pair).
+  for (auto [M, N, K] : {std::array<index_t, 3>{133, 261, 531}, {67, 17, 1030}, {5, 3, 1}, {1, 300, 77}, {13, 64, 2}})
+    for (bool accumulate : {false, true}) {
+      check_bf16_pairs<a_storage::rows, b_storage::columns, Kernel>(M, N, K, accumulate);
+      check_bf16_pairs<a_storage::rows, b_storage::rows, Kernel>(M, N, K, accumulate);
+      check_bf16_pairs<a_storage::columns, b_storage::rows, Kernel>(M, N, K, accumulate);
+    }
+}
+
+TEST_CASE("simd: the bfloat16 dot-product path agrees with the converting product") {
+  check_bf16_pairs_everywhere<modelled_bf16_pairs>();
+#if defined(DIFFTX_BF16_PAIRS)
+  if (simd_detail::bf16_pair_instructions())
+    check_bf16_pairs_everywhere<simd_detail::avx512_bf16_pairs>();
+  else
+    MESSAGE("this CPU has no AVX512_BF16: the dot-product instruction itself was not run, only its model");
+#else
+  MESSAGE("not an x86-64 GNU-compatible build: no dot-product instruction path, only its model checked");
+#endif
 }
 
 TEST_CASE("simd: MultiHead over the shape sweep") {

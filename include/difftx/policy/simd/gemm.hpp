@@ -5,10 +5,12 @@
 // through Eigen needs float copies of both operands (and of the result), made
 // and written back once per call: a pass over every weight on every forward.
 // Here the conversion is the packing step every blocked GEMM does anyway: each
-// thread owns blocks of C (block_rows x block_cols), converts the slices of A
-// and B it needs into its own float buffers (L2-sized, reused across calls),
-// runs register-tiled kernels on them, and rounds its block of C back to T
-// once. Float and double products stay with Eigen.
+// thread owns blocks of C (gemm_blocks.hpp), converts the slices of A and B it
+// needs into its own float buffers (L2-sized, reused across calls), runs
+// register-tiled kernels on them, and rounds its block of C back to T once.
+// On a CPU with bfloat16 dot-product instructions, bfloat16 products skip even
+// that conversion (gemm_bf16_pairs.hpp). Float and double products stay with
+// Eigen.
 //
 //   C[M, N] (=|+=) A[M, K] · B[K, N], in three layouts of A and B:
 //     a_rows  · b_columns   y  = x · wᵀ      (both contiguous along K: dot-product kernel)
@@ -17,22 +19,14 @@
 #pragma once
 
 #include <algorithm>
-#include <vector>
+#include <type_traits>
 
 #include "difftx/policy/simd/common.hpp"
+#include "difftx/policy/simd/gemm_blocks.hpp"
+#include "difftx/policy/simd/gemm_bf16_pairs.hpp"
 #include "difftx/policy/simd/tile.hpp"
 
 namespace difftx::simd_detail {
-
-// How A[M, K] is stored: a[i·lda + p] (rows) or a[p·lda + i] (columns, i.e. Aᵀ row-major).
-enum class a_storage { rows, columns };
-// How B[K, N] is stored: b[p·ldb + j] (rows) or b[j·ldb + p] (columns, i.e. Bᵀ row-major).
-enum class b_storage { rows, columns };
-
-// Blocks: C's block_rows x block_cols block stays in L2 across the depth loop
-// (32 KB as float); so do the block_rows x depth slice of A and the
-// depth x block_cols slice of B that the kernels sweep.
-constexpr index_t block_rows = 66, block_cols = 128;
 
 // --- b_columns: the dot-product form (y = x · wᵀ) --------------------------
 // Both operands are read along K, so each output is a dot product: an R x 4
@@ -124,18 +118,6 @@ void pack_panels(const T* src, index_t ld, index_t k, index_t n, index_t n_pad, 
     pack_rows(src + j, ld, k, std::clamp<index_t>(n - j, 0, P), dst + j * k, P);
 }
 
-// The per-thread float buffers: they outlive the call, so that repeated
-// products (every decode step, every layer) do not allocate and fault in
-// fresh pages every time.
-template <class A>
-struct gemm_scratch {
-  aligned_vector<A> a, b, c;
-  static gemm_scratch& local() {
-    thread_local gemm_scratch scratch;
-    return scratch;
-  }
-};
-
 // y[M, N] = x[M, K] · w[N, K]ᵀ for a few rows (decoding): nothing to reuse a
 // packed copy of w for, so w streams once, converted in registers
 // (dots_with_rows); x's rows are converted once.
@@ -160,58 +142,60 @@ void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const 
   from_accum(out, M * N, y);
 }
 
+// C = (C +) A · B with A and B converted to float while they are packed.
 template <a_storage AS, b_storage BS, class T>
-  requires(!std::is_same_v<T, accum_t<T>>)
-void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const T* a, index_t lda, const T* b,
-                  index_t ldb, T* c, index_t ldc, bool accumulate) {
+void converted_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const T* a, index_t lda, const T* b,
+                    index_t ldb, T* c, index_t ldc, bool accumulate) {
   static_assert(!(AS == a_storage::columns && BS == b_storage::columns), "no product uses Aᵀ · Bᵀ");
   using A = accum_t<T>;
-  if (M == 0 || N == 0) return;
   constexpr index_t W = vec<A>::size;
   constexpr bool dot_form = BS == b_storage::columns;
   constexpr index_t depth = dot_form ? dot_depth : axpy_depth;
   constexpr index_t col_align = dot_form ? dot_cols : panel_cols<A>;
-  if constexpr (AS == a_storage::rows && dot_form)
-    if (M <= gemv_max_rows && !accumulate && lda == K && ldb == K && ldc == N) return reduced_gemv(p, M, N, K, a, b, c);
-  const index_t row_blocks = (M + block_rows - 1) / block_rows, col_blocks = (N + block_cols - 1) / block_cols;
-  const index_t blocks = row_blocks * col_blocks;
-  const int threads = static_cast<int>(std::min<index_t>(thread_count(p), blocks));
+  for_each_c_block(p, M, N, col_align, c, ldc, accumulate,
+                   [&](index_t i0, index_t j0, index_t m, index_t n, index_t n_pad, A* cb) {
+                     auto& scratch = gemm_scratch<A>::local();
+                     scratch.a.resize(static_cast<std::size_t>(block_rows * depth));
+                     scratch.b.resize(static_cast<std::size_t>((block_cols + col_align) * depth));
+                     A *ab = scratch.a.data(), *bb = scratch.b.data();
+                     for (index_t p0 = 0; p0 < K; p0 += depth) {
+                       const index_t k = std::min(depth, K - p0);
+                       if constexpr (dot_form) {
+                         const index_t k_pad = (k + W - 1) / W * W;  // the kernel reads whole vectors
+                         pack_rows(a + i0 * lda + p0, lda, m, k, ab, k_pad);
+                         pack_rows(b + j0 * ldb + p0, ldb, n, k, bb, k_pad);
+                         std::fill(bb + n * k_pad, bb + n_pad * k_pad, A(0));
+                         dot_tile_product(m, n_pad, k_pad, ab, k_pad, bb, k_pad, cb, n_pad);
+                       } else {
+                         pack_panels(b + p0 * ldb + j0, ldb, k, n, n_pad, bb);
+                         if constexpr (AS == a_storage::rows) {
+                           pack_rows(a + i0 * lda + p0, lda, m, k, ab, k);  // [m][k]
+                           panel_product<a_layout::rows>(m, n_pad, k, ab, k, bb, cb, n_pad);
+                         } else {
+                           pack_rows(a + p0 * lda + i0, lda, k, m, ab, m);  // [k][m]
+                           panel_product<a_layout::transposed>(m, n_pad, k, ab, m, bb, cb, n_pad);
+                         }
+                       }
+                     }
+                   });
+}
 
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-  for (index_t block = 0; block < blocks; ++block) {
-    auto& scratch = gemm_scratch<A>::local();
-    const index_t i0 = block / col_blocks * block_rows, j0 = block % col_blocks * block_cols;
-    const index_t m = std::min(block_rows, M - i0), n = std::min(block_cols, N - j0);
-    const index_t n_pad = (n + col_align - 1) / col_align * col_align;
-    scratch.a.resize(static_cast<std::size_t>(block_rows * depth));
-    scratch.b.resize(static_cast<std::size_t>((block_cols + col_align) * depth));
-    scratch.c.resize(static_cast<std::size_t>(block_rows * (block_cols + col_align)));
-    A *ab = scratch.a.data(), *bb = scratch.b.data(), *cb = scratch.c.data();
-    for (index_t i = 0; i < m; ++i) {  // padded columns too: the kernels update them (never stored)
-      std::fill(cb + i * n_pad, cb + (i + 1) * n_pad, A(0));
-      if (accumulate) to_accum(c + (i0 + i) * ldc + j0, n, cb + i * n_pad);
-    }
-    for (index_t p0 = 0; p0 < K; p0 += depth) {
-      const index_t k = std::min(depth, K - p0);
-      if constexpr (dot_form) {
-        const index_t k_pad = (k + W - 1) / W * W;  // the kernel reads whole vectors
-        pack_rows(a + i0 * lda + p0, lda, m, k, ab, k_pad);
-        pack_rows(b + j0 * ldb + p0, ldb, n, k, bb, k_pad);
-        std::fill(bb + n * k_pad, bb + n_pad * k_pad, A(0));
-        dot_tile_product(m, n_pad, k_pad, ab, k_pad, bb, k_pad, cb, n_pad);
-      } else {
-        pack_panels(b + p0 * ldb + j0, ldb, k, n, n_pad, bb);
-        if constexpr (AS == a_storage::rows) {
-          pack_rows(a + i0 * lda + p0, lda, m, k, ab, k);  // [m][k]
-          panel_product<a_layout::rows>(m, n_pad, k, ab, k, bb, cb, n_pad);
-        } else {
-          pack_rows(a + p0 * lda + i0, lda, k, m, ab, m);  // [k][m]
-          panel_product<a_layout::transposed>(m, n_pad, k, ab, m, bb, cb, n_pad);
-        }
-      }
-    }
-    for (index_t i = 0; i < m; ++i) from_accum(cb + i * n_pad, n, c + (i0 + i) * ldc + j0);
-  }
+// C[M, N] (=|+=) A[M, K] · B[K, N] for float16/bfloat16 storage: a few rows
+// of x · wᵀ as matrix-vector products, bfloat16 on the dot-product
+// instructions where the CPU has them, the rest converted while packed.
+template <a_storage AS, b_storage BS, class T>
+  requires(!std::is_same_v<T, accum_t<T>>)
+void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const T* a, index_t lda, const T* b,
+                  index_t ldb, T* c, index_t ldc, bool accumulate) {
+  if (M == 0 || N == 0) return;
+  if constexpr (AS == a_storage::rows && BS == b_storage::columns)
+    if (M <= gemv_max_rows && !accumulate && lda == K && ldb == K && ldc == N) return reduced_gemv(p, M, N, K, a, b, c);
+#if defined(DIFFTX_BF16_PAIRS)
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+    if (bf16_pair_instructions())
+      return bf16_pair_gemm<AS, BS, avx512_bf16_pairs>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
+#endif
+  converted_gemm<AS, BS>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
 }
 
 }  // namespace difftx::simd_detail
