@@ -334,6 +334,44 @@ void register_small_shape() {
         ->Unit(benchmark::kMillisecond);
 }
 
+// A bfloat16 Linear's three products (y = x·wᵀ, dx = dy·w, dw += dyᵀ·x) at
+// the Q projection's shape (N = 2048, C -> 2hD) on both of reduced_gemm's
+// paths in one run: the dot-product instructions (registered only on a CPU
+// that has AVX512_BF16) and the converting product they replace.
+void register_bf16_products() {
+  using namespace simd_detail;
+  const index_t M = 2048, N = 2 * h * D, K = C;
+  auto add = [&](const std::string& path, auto product) {
+    benchmark::RegisterBenchmark(("op:linear_products/simd/bfloat16/" + path + "/N:2048").c_str(),
+                                 [=](benchmark::State& state) {
+                                   const policy::simd p;
+                                   const auto x = random_input<Eigen::bfloat16>(M, 1, 1, K);
+                                   const auto dy = random_input<Eigen::bfloat16>(M, 2, 1, N);
+                                   const auto w = random_input<Eigen::bfloat16>(N, 3, 1, K);
+                                   Tensor<Eigen::bfloat16, 3> y(dy.shape()), dx(x.shape()), dw(w.shape());
+                                   for (auto _ : state) {
+                                     product.template operator()<a_storage::rows, b_storage::columns>(
+                                         p, M, N, K, x.data(), K, w.data(), K, y.data(), N, false);
+                                     product.template operator()<a_storage::rows, b_storage::rows>(
+                                         p, M, K, N, dy.data(), N, w.data(), K, dx.data(), K, false);
+                                     product.template operator()<a_storage::columns, b_storage::rows>(
+                                         p, N, K, M, dy.data(), N, x.data(), K, dw.data(), K, true);
+                                     benchmark::ClobberMemory();
+                                   }
+                                   set_counters(state, fl::linear_forward(M, N, K) + fl::linear_backward(M, N, K),
+                                                static_cast<double>(M));
+                                 })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  };
+  add("converting", []<a_storage AS, b_storage BS>(auto&&... args) { converted_gemm<AS, BS>(args...); });
+#if defined(DIFFTX_BF16_PAIRS)
+  if (bf16_pair_instructions())
+    add("dot_instructions",
+        []<a_storage AS, b_storage BS>(auto&&... args) { bf16_pair_gemm<AS, BS, avx512_bf16_pairs>(args...); });
+#endif
+}
+
 // Eigen's single-precision GEMM at a square size: the rate the kernels are measured against.
 void eigen_sgemm(benchmark::State& state) {
   const auto n = static_cast<Eigen::Index>(state.range(0));
@@ -351,6 +389,7 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("eigen_sgemm", eigen_sgemm)->Arg(1024)->Arg(2048)->UseRealTime()->Unit(benchmark::kMillisecond);
   register_token_ops<float, policy::simd>("simd", "float32", {2048});
   register_token_ops<Eigen::bfloat16, policy::simd>("simd", "bfloat16", {2048});
+  register_bf16_products();
   register_token_ops<float, policy::reference>("reference", "float32", {256});
   register_attention_op<2, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});
   register_attention_op<1, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});
