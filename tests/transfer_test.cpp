@@ -9,6 +9,7 @@
 //    outputs uploaded back.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <tuple>
@@ -179,6 +180,50 @@ Tensor<double, 3> awkward_tensor() {
 }
 
 }  // namespace
+
+// host_memory_resource (core/memory.hpp) keeps freed blocks of at least
+// reuse_threshold bytes for the next allocation of the same size, within its
+// limit; small blocks go straight back; a Tensor built on a kept block is
+// zero all the same. Under AddressSanitizer nothing is kept.
+TEST_CASE("host memory: freed blocks are reused by size, within the limit") {
+  host_memory_resource memory;
+  const std::size_t big = 4 * host_memory_resource::reuse_threshold, other = big + 64;
+  const bool reuses = host_memory_resource::reuses_freed_blocks;
+  void* first = memory.allocate(big);
+  memory.deallocate(first, big);
+  CHECK(memory.kept_bytes() == (reuses ? big : 0));
+  void* another = memory.allocate(other);  // another size does not take it
+  CHECK(memory.kept_bytes() == (reuses ? big : 0));
+  void* again = memory.allocate(big);
+  if (reuses) CHECK(again == first);
+  CHECK(memory.kept_bytes() == 0);
+  memory.deallocate(again, big);
+
+  void* small = memory.allocate(1024);
+  memory.deallocate(small, 1024);
+  CHECK(memory.kept_bytes() == (reuses ? big : 0));
+
+  memory.set_cache_limit(big);  // room for one: the second freed block is given back
+  void* second = memory.allocate(big);
+  void* third = memory.allocate(big);
+  memory.deallocate(second, big);
+  memory.deallocate(third, big);
+  CHECK(memory.kept_bytes() == (reuses ? big : 0));
+  memory.set_cache_limit(0);
+  CHECK(memory.kept_bytes() == 0);
+  memory.deallocate(another, other);
+  CHECK(memory.kept_bytes() == 0);
+  memory.set_cache_limit(std::size_t{1} << 30);
+
+  const index_t n = static_cast<index_t>(big / sizeof(float));
+  {
+    Tensor<float, 1> used({n}, memory);
+    std::fill_n(used.data(), n, 7.0f);
+  }
+  const Tensor<float, 1> fresh({n}, memory);
+  CHECK(std::all_of(fresh.data(), fresh.data() + n, [](float x) { return x == 0.0f; }));
+  if (!reuses) MESSAGE("AddressSanitizer build: freed blocks are not kept");
+}
 
 TEST_CASE("to_memory and to_host: round trips through a device are bit-exact") {
   const auto host = awkward_tensor();
