@@ -365,7 +365,7 @@ void register_bf16_products() {
         ->Unit(benchmark::kMillisecond);
   };
   add("converting", []<a_storage AS, b_storage BS>(auto&&... args) { converted_gemm<AS, BS>(args...); });
-#if defined(DIFFTX_BF16_PAIRS)
+#if DIFFTX_BF16_PAIRS
   if (bf16_pair_instructions())
     add("dot_instructions",
         []<a_storage AS, b_storage BS>(auto&&... args) { bf16_pair_gemm<AS, BS, avx512_bf16_pairs>(args...); });

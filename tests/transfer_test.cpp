@@ -183,11 +183,12 @@ Tensor<double, 3> awkward_tensor() {
 
 // host_memory_resource (core/memory.hpp) keeps freed blocks of at least
 // reuse_threshold bytes for the next allocation of the same size, within its
-// limit; small blocks go straight back; a Tensor built on a kept block is
-// zero all the same. Under AddressSanitizer nothing is kept.
+// limit, the oldest freed leaving first; small blocks go straight back; a
+// Tensor built on a kept block is zero all the same. Under AddressSanitizer
+// nothing is kept.
 TEST_CASE("host memory: freed blocks are reused by size, within the limit") {
   host_memory_resource memory;
-  const std::size_t big = 4 * host_memory_resource::reuse_threshold, other = big + 64;
+  const std::size_t big = 4 * host_memory_resource::reuse_threshold, other = big - 64;
   const bool reuses = host_memory_resource::reuses_freed_blocks;
   void* first = memory.allocate(big);
   memory.deallocate(first, big);
@@ -201,26 +202,40 @@ TEST_CASE("host memory: freed blocks are reused by size, within the limit") {
 
   void* small = memory.allocate(1024);
   memory.deallocate(small, 1024);
+  memory.deallocate(nullptr, big);
   CHECK(memory.kept_bytes() == (reuses ? big : 0));
 
-  memory.set_cache_limit(big);  // room for one: the second freed block is given back
-  void* second = memory.allocate(big);
-  void* third = memory.allocate(big);
-  memory.deallocate(second, big);
-  memory.deallocate(third, big);
-  CHECK(memory.kept_bytes() == (reuses ? big : 0));
+  memory.deallocate(another, other);
   memory.set_cache_limit(0);
   CHECK(memory.kept_bytes() == 0);
-  memory.deallocate(another, other);
+
+  // Room for two big blocks: freeing a third block gives back the oldest.
+  memory.set_cache_limit(2 * big);
+  void* oldest = memory.allocate(big);
+  void* newer = memory.allocate(big);
+  void* last = memory.allocate(other);
+  memory.deallocate(oldest, big);
+  memory.deallocate(newer, big);
+  CHECK(memory.kept_bytes() == (reuses ? 2 * big : 0));
+  memory.deallocate(last, other);  // oldest leaves
+  CHECK(memory.kept_bytes() == (reuses ? big + other : 0));
+  void* reused = memory.allocate(big);
+  if (reuses) CHECK(reused == newer);
+  CHECK(memory.kept_bytes() == (reuses ? other : 0));
+  memory.deallocate(reused, big);
+  memory.set_cache_limit(0);
   CHECK(memory.kept_bytes() == 0);
-  memory.set_cache_limit(std::size_t{1} << 30);
+  memory.set_cache_limit(host_memory_resource::default_cache_limit);
 
   const index_t n = static_cast<index_t>(big / sizeof(float));
+  const float* used_block = nullptr;
   {
     Tensor<float, 1> used({n}, memory);
     std::fill_n(used.data(), n, 7.0f);
+    used_block = used.data();
   }
   const Tensor<float, 1> fresh({n}, memory);
+  if (reuses) CHECK(fresh.data() == used_block);
   CHECK(std::all_of(fresh.data(), fresh.data() + n, [](float x) { return x == 0.0f; }));
   if (!reuses) MESSAGE("AddressSanitizer build: freed blocks are not kept");
 }

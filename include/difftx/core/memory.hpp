@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstring>
 #include <iterator>
-#include <map>
+#include <list>
 #include <mutex>
 #include <new>
 
@@ -35,18 +35,21 @@ class memory_resource {
 // Host memory aligned for the widest SIMD loads (AVX-512) and cache lines.
 //
 // Freed blocks of reuse_threshold bytes or more are kept, up to cache_limit()
-// bytes in all, and handed to the next allocation of exactly the same size.
-// A training step frees and reallocates the same backward temporaries on
-// every call; given back to the C library, they return to the OS (glibc trims
-// its heap) and come back as fresh pages that fault in one at a time on first
-// touch, inside the serial zeroing of a new Tensor. At a small layer (B 8,
-// N 128, C 128) that was a fifth of the calling thread's time on 2 threads.
-// set_cache_limit(0) turns the reuse off and frees what is kept. Builds under
-// AddressSanitizer never reuse, so a use after free is still reported.
+// bytes in all (the oldest freed leave first when a new one needs room), and
+// handed to the next allocation of exactly the same size. A training step
+// frees and reallocates the same backward temporaries on every call; given
+// back to the C library, they return to the OS (glibc trims its heap) and come
+// back as fresh pages that fault in one at a time on first touch, inside the
+// serial zeroing of a new Tensor. At a small layer (B 8, N 128, C 128) that
+// was a fifth of the calling thread's time on 2 threads. set_cache_limit(0)
+// turns the reuse off and frees what is kept (for a process that wants freed
+// memory back at once, or a run under Valgrind). Builds under Address, HWAddress
+// or Memory sanitizer never reuse, so a use after free is still reported.
 class host_memory_resource final : public memory_resource {
  public:
   static constexpr std::size_t alignment = 64;
   static constexpr std::size_t reuse_threshold = std::size_t{64} << 10;
+  static constexpr std::size_t default_cache_limit = std::size_t{256} << 20;
 
   host_memory_resource() = default;
   host_memory_resource(const host_memory_resource&) = delete;
@@ -62,6 +65,7 @@ class host_memory_resource final : public memory_resource {
       return ::operator new(bytes, std::align_val_t{alignment});
     }
   }
+  // bytes must be what allocate was asked for: a kept block is handed out by it.
   void deallocate(void* p, std::size_t bytes) noexcept override {
     if (!keep(p, bytes)) ::operator delete(p, std::align_val_t{alignment});
   }
@@ -71,8 +75,8 @@ class host_memory_resource final : public memory_resource {
   void download(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
   memory_space space() const noexcept override { return memory_space::host; }
 
-  // The most freed memory kept for reuse (default 1 GiB); lowering it frees
-  // kept blocks until the rest fits.
+  // The most freed memory kept for reuse (default 256 MiB); lowering it frees
+  // the oldest kept blocks until the rest fits.
   std::size_t cache_limit() const noexcept {
     std::lock_guard lock(mutex_);
     return limit_;
@@ -80,23 +84,18 @@ class host_memory_resource final : public memory_resource {
   void set_cache_limit(std::size_t bytes) noexcept {
     std::lock_guard lock(mutex_);
     limit_ = bytes;
-    while (kept_bytes_ > limit_) {
-      const auto last = std::prev(kept_.end());  // the largest first
-      kept_bytes_ -= last->first;
-      ::operator delete(last->second, std::align_val_t{alignment});
-      kept_.erase(last);
-    }
+    evict_to(limit_);
   }
   std::size_t kept_bytes() const noexcept {
     std::lock_guard lock(mutex_);
     return kept_bytes_;
   }
 
- // False under AddressSanitizer.
-#if defined(__SANITIZE_ADDRESS__)
+  // False under the sanitizers that report a use after free.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_HWADDRESS__)
   static constexpr bool reuses_freed_blocks = false;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(hwaddress_sanitizer) || __has_feature(memory_sanitizer)
   static constexpr bool reuses_freed_blocks = false;
 #else
   static constexpr bool reuses_freed_blocks = true;
@@ -106,43 +105,60 @@ class host_memory_resource final : public memory_resource {
 #endif
 
  private:
+  struct block {
+    std::size_t bytes;
+    void* p;
+  };
+
   void* take_kept(std::size_t bytes) noexcept {
     if (!reuses_freed_blocks || bytes < reuse_threshold) return nullptr;
     std::lock_guard lock(mutex_);
-    const auto it = kept_.find(bytes);
-    if (it == kept_.end()) return nullptr;
-    void* p = it->second;
-    kept_bytes_ -= bytes;
-    kept_.erase(it);
-    return p;
+    // The most recently freed first: it is the likeliest still in cache.
+    for (auto it = kept_.rbegin(); it != kept_.rend(); ++it)
+      if (it->bytes == bytes) {
+        void* p = it->p;
+        kept_bytes_ -= bytes;
+        kept_.erase(std::next(it).base());
+        return p;
+      }
+    return nullptr;
   }
   bool keep(void* p, std::size_t bytes) noexcept {
-    if (!reuses_freed_blocks || bytes < reuse_threshold) return false;
+    if (!reuses_freed_blocks || !p || bytes < reuse_threshold) return false;
     std::lock_guard lock(mutex_);
-    if (kept_bytes_ + bytes > limit_) return false;
+    if (bytes > limit_) return false;
+    evict_to(limit_ - bytes);
     try {
-      kept_.emplace(bytes, p);
-    } catch (...) {  // no memory for the map's node: give the block back instead
+      kept_.push_back({bytes, p});
+    } catch (...) {  // no memory for the list's node: give the block back instead
       return false;
     }
     kept_bytes_ += bytes;
     return true;
   }
+  // Frees the oldest kept blocks until at most `bytes` are kept; the caller holds the lock.
+  void evict_to(std::size_t bytes) noexcept {
+    while (kept_bytes_ > bytes) {
+      kept_bytes_ -= kept_.front().bytes;
+      ::operator delete(kept_.front().p, std::align_val_t{alignment});
+      kept_.pop_front();
+    }
+  }
   void release_kept() noexcept {
     std::lock_guard lock(mutex_);
-    for (const auto& [bytes, p] : kept_) ::operator delete(p, std::align_val_t{alignment});
-    kept_.clear();
-    kept_bytes_ = 0;
+    evict_to(0);
   }
 
   mutable std::mutex mutex_;
-  std::multimap<std::size_t, void*> kept_;  // freed blocks by size
-  std::size_t kept_bytes_ = 0, limit_ = std::size_t{1} << 30;
+  std::list<block> kept_;  // oldest freed first
+  std::size_t kept_bytes_ = 0, limit_ = default_cache_limit;
 };
 
+// Never destroyed: a static object that outlives this function's own static
+// may still free host tensors at exit.
 inline host_memory_resource& host_memory() noexcept {
-  static host_memory_resource resource;
-  return resource;
+  static host_memory_resource* const resource = new host_memory_resource;
+  return *resource;
 }
 
 }  // namespace difftx

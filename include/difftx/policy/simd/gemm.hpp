@@ -190,7 +190,7 @@ void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const 
   if (M == 0 || N == 0) return;
   if constexpr (AS == a_storage::rows && BS == b_storage::columns)
     if (M <= gemv_max_rows && !accumulate && lda == K && ldb == K && ldc == N) return reduced_gemv(p, M, N, K, a, b, c);
-#if defined(DIFFTX_BF16_PAIRS)
+#if DIFFTX_BF16_PAIRS
   if constexpr (std::is_same_v<T, Eigen::bfloat16>)
     if (bf16_pair_instructions())
       return bf16_pair_gemm<AS, BS, avx512_bf16_pairs>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);

@@ -27,8 +27,15 @@
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm_blocks.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// 1 where the path is compiled in: x86-64 with GCC or clang, not the MSVC ABI
+// (clang-cl lacks __builtin_cpu_supports's runtime). -DDIFFTX_BF16_PAIRS=0
+// leaves it out.
+#if !defined(DIFFTX_BF16_PAIRS)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
 #define DIFFTX_BF16_PAIRS 1
+#else
+#define DIFFTX_BF16_PAIRS 0
+#endif
 #endif
 
 namespace difftx::simd_detail {
@@ -74,7 +81,7 @@ void pack_b_pairs(const Eigen::bfloat16* b, index_t ldb, index_t k, index_t n, i
   }
 }
 
-#if defined(DIFFTX_BF16_PAIRS)
+#if DIFFTX_BF16_PAIRS
 // Whether this CPU (and its OS, which must save the AVX-512 registers) runs
 // vdpbf16ps; asked once.
 inline bool bf16_pair_instructions() noexcept {
