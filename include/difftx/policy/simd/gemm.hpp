@@ -8,9 +8,7 @@
 // thread owns blocks of C (gemm_blocks.hpp), converts the slices of A and B it
 // needs into its own float buffers (L2-sized, reused across calls), runs
 // register-tiled kernels on them, and rounds its block of C back to T once.
-// On a CPU with bfloat16 dot-product instructions, bfloat16 products skip even
-// that conversion (gemm_bf16_pairs.hpp). Float and double products stay with
-// Eigen.
+// Float and double products stay with Eigen.
 //
 //   C[M, N] (=|+=) A[M, K] · B[K, N], in three layouts of A and B:
 //     a_rows  · b_columns   y  = x · wᵀ      (both contiguous along K: dot-product kernel)
@@ -181,8 +179,11 @@ void converted_gemm(const policy::simd& p, index_t M, index_t N, index_t K, cons
 }
 
 // C[M, N] (=|+=) A[M, K] · B[K, N] for float16/bfloat16 storage: a few rows
-// of x · wᵀ as matrix-vector products, bfloat16 on the dot-product
-// instructions where the CPU has them, the rest converted while packed.
+// of x · wᵀ as matrix-vector products, the rest converted while packed. The
+// bfloat16 dot-product path (gemm_bf16_pairs.hpp) is not chosen here: on the
+// one CPU with the instruction it has been timed on (a Xeon with
+// AVX512_BF16, docs/benchmarks.md) it ran at half the converting product's
+// speed, and a path is selected only where it was measured faster.
 template <a_storage AS, b_storage BS, class T>
   requires(!std::is_same_v<T, accum_t<T>>)
 void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const T* a, index_t lda, const T* b,
@@ -190,11 +191,6 @@ void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const 
   if (M == 0 || N == 0) return;
   if constexpr (AS == a_storage::rows && BS == b_storage::columns)
     if (M <= gemv_max_rows && !accumulate && lda == K && ldb == K && ldc == N) return reduced_gemv(p, M, N, K, a, b, c);
-#if DIFFTX_BF16_PAIRS
-  if constexpr (std::is_same_v<T, Eigen::bfloat16>)
-    if (bf16_pair_instructions())
-      return bf16_pair_gemm<AS, BS, avx512_bf16_pairs>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
-#endif
   converted_gemm<AS, BS>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
 }
 
