@@ -57,6 +57,24 @@ from those values (F64); "torch.output", "torch.grad_input",
 autograd in the type (the formulas below with every tensor in the type,
 PyTorch's kernels choosing their internal precision), stored in the type.
 Metadata as above, plus "dtype" and "torch" (the version).
+
+Hugging Face DiffLlama checkpoints, for difftx's HF reader and converter:
+
+    python3 -m venv DIR && DIR/bin/pip install torch==2.15.0 transformers==5.23.0 safetensors sentencepiece numpy
+    DIR/bin/python tools/make_fixtures.py --hf
+
+runs tools/hf_fixtures.py (its docstring has the details): it writes
+tests/data/hf/<case>/ for eight cases (plain, gqa, tied, sharded, bf16, unusual,
+legacy_config, tokenizer), each a folder as transformers' save_pretrained writes
+it (config.json, generation_config.json, model.safetensors or shards with
+model.safetensors.index.json; tokenizer.model for the tokenizer case; the
+legacy_config case's config.json in the 4.4x format) with random weights, and
+expected.safetensors: tokens, transformers' logits in float64 and float32
+(eager attention), an independent float64 evaluation, and a greedy prompt and
+continuation from transformers' generate. Deterministic as above; it refuses
+other torch/transformers versions. `--hf --roundtrip PATH/TO/difftx` checks
+`difftx convert` HF -> difftx -> HF on every case folder instead (writes
+nothing in the repository).
 """
 
 import json
@@ -693,7 +711,19 @@ def main():
     return 0
 
 
+def hf_main(argv):
+    """--hf: tools/hf_fixtures.py, with the arguments after --hf."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_fixtures.py")
+    spec = importlib.util.spec_from_file_location("hf_fixtures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--hf"]:
+        sys.exit(hf_main(sys.argv[2:]))
     if sys.argv[1:] not in ([], ["--lowp"]):
-        sys.exit("usage: tools/make_fixtures.py [--lowp]")
+        sys.exit("usage: tools/make_fixtures.py [--lowp | --hf [--roundtrip PATH/TO/difftx]]")
     sys.exit(lowp_main() if sys.argv[1:] else main())
