@@ -254,41 +254,42 @@ namespace {
 // The malformed-file cases, run through one reader: read(bytes) reads a file
 // holding bytes and returns how many tensors it lists; `label` is how its
 // errors name that file.
-void check_malformed_safetensors(const std::string& label, const std::function<std::size_t(const std::vector<std::byte>&)>& read) {
+void check_malformed_safetensors(const std::string& reader, const std::string& label,
+                                 const std::function<std::size_t(const std::vector<std::byte>&)>& read) {
   auto parse = [&](const std::vector<std::byte>& bytes) { return [=, &read] { read(bytes); }; };
   SUBCASE("an empty file, and one shorter than the header size") {
-    expect_input_error(parse({}), "read_safetensors", label + ": header", "an 8-byte header size", "0 bytes in all");
-    expect_input_error(parse(bytes_of("abcd")), "read_safetensors", label + ": header", "an 8-byte header size", "4 bytes");
+    expect_input_error(parse({}), reader, label + ": header", "an 8-byte header size", "0 bytes in all");
+    expect_input_error(parse(bytes_of("abcd")), reader, label + ": header", "an 8-byte header size", "4 bytes");
   }
   SUBCASE("header size past the end") {
-    expect_input_error(parse(safetensors_bytes("{}", 10, 1000)), "read_safetensors", label + ": header",
+    expect_input_error(parse(safetensors_bytes("{}", 10, 1000)), reader, label + ": header",
                        "a header size within the file (12 bytes after it)", "1000");
   }
   SUBCASE("truncated header") {
-    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_off)", 8)), "read_safetensors",
+    expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_off)", 8)), reader,
                        label + ": header", "valid JSON", "parse error");
   }
   SUBCASE("offsets out of range") {
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4)),
-                       "read_safetensors", label + ": w", "data_offsets within the 4 data bytes", "[0,8]");
+                       reader, label + ": w", "data_offsets within the 4 data bytes", "[0,8]");
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8)),
-                       "read_safetensors", label + ": w", "data_offsets within", "[8,0]");
+                       reader, label + ": w", "data_offsets within", "[8,0]");
   }
   SUBCASE("overlapping tensors") {
     expect_input_error(parse(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                                                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                                                12)),
-                       "read_safetensors", label + ": b", "not overlapping", "offset 4");
+                       reader, label + ": b", "not overlapping", "offset 4");
   }
   SUBCASE("data not covered by any tensor") {
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12)),
-                       "read_safetensors", label + ": data", "8 data bytes", "12");
+                       reader, label + ": data", "8 data bytes", "12");
   }
   SUBCASE("a dtype the format does not have") {
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"I33","shape":[2],"data_offsets":[0,8]}})", 8)),
-                       "read_safetensors", label + ": w", "a dtype of the format (BOOL, U8, I8,", "\"I33\"");
+                       reader, label + ": w", "a dtype of the format (BOOL, U8, I8,", "\"I33\"");
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", 8)),
-                       "read_safetensors", label + ": w", "a dtype of the format", "4");
+                       reader, label + ": w", "a dtype of the format", "4");
   }
   SUBCASE("every dtype of the format is listed, and sizes are checked in its width") {
     CHECK(read(safetensors_bytes(R"({"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},)"
@@ -298,31 +299,31 @@ void check_malformed_safetensors(const std::string& label, const std::function<s
                                  R"("w":{"dtype":"F32","shape":[1],"data_offsets":[23,27]}})",
                                  27)) == 5);
     expect_input_error(parse(safetensors_bytes(R"({"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,8]}})", 8)),
-                       "read_safetensors", label + ": ids", "16 bytes for shape [2] of I64", "8 bytes");
+                       reader, label + ": ids", "16 bytes for shape [2] of I64", "8 bytes");
     expect_input_error(parse(safetensors_bytes(R"({"f4":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", 2)),
-                       "read_safetensors", label + ": f4", "whole bytes for shape [3] of F4", "12 bits");
+                       reader, label + ": f4", "whole bytes for shape [3] of F4", "12 bits");
   }
   SUBCASE("shape and size disagree") {
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
-                       "read_safetensors", label + ": w", "12 bytes for shape [3] of F32", "8 bytes");
+                       reader, label + ": w", "12 bytes for shape [3] of F32", "8 bytes");
   }
   SUBCASE("an element count past 2^48 (a product that would wrap in 64 bits)") {
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[53695721,687084323673,8],"data_offsets":[0,32]}})", 32)),
-                       "read_safetensors", label + ": w", "an element count of at most", "53695721 · 687084323673");
+                       reader, label + ": w", "an element count of at most", "53695721 · 687084323673");
   }
   SUBCASE("the format's rules, strictly: each name once, no NUL, exactly three keys per tensor, '{' first") {
     const std::string w = R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
-    expect_input_error(parse(safetensors_bytes("{" + w + "," + w + "}", 4)), "read_safetensors", label + ": w",
+    expect_input_error(parse(safetensors_bytes("{" + w + "," + w + "}", 4)), reader, label + ": w",
                        "each name once in its object", "the name twice");
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","dtype":"F64","shape":[1],"data_offsets":[0,4]}})", 4)),
-                       "read_safetensors", label + ": dtype", "each name once", "twice");
-    expect_input_error(parse(safetensors_bytes(R"({"__metadata__":{"a":"1","a":"2"}})", 0)), "read_safetensors",
+                       reader, label + ": dtype", "each name once", "twice");
+    expect_input_error(parse(safetensors_bytes(R"({"__metadata__":{"a":"1","a":"2"}})", 0)), reader,
                        label + ": a", "each name once", "twice");
-    expect_input_error(parse(safetensors_bytes("{" + w + std::string("}\0junk", 6), 4)), "read_safetensors",
+    expect_input_error(parse(safetensors_bytes("{" + w + std::string("}\0junk", 6), 4)), reader,
                        label + ": header", "without NUL bytes", "a NUL byte at header offset " + std::to_string(w.size() + 2));
     expect_input_error(parse(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", 4)),
-                       "read_safetensors", label + ": w", "exactly the keys dtype, shape and data_offsets", "\"x\"");
-    expect_input_error(parse(safetensors_bytes(" {" + w + "}", 4)), "read_safetensors", label + ": header",
+                       reader, label + ": w", "exactly the keys dtype, shape and data_offsets", "\"x\"");
+    expect_input_error(parse(safetensors_bytes(" {" + w + "}", 4)), reader, label + ": header",
                        "starting with '{'", "another first byte");
     CHECK(read(safetensors_bytes("{" + w + "}   ", 4)) == 1);  // padding is fine
   }
@@ -343,7 +344,7 @@ void check_malformed_safetensors(const std::string& label, const std::function<s
 }  // namespace
 
 TEST_CASE("malformed safetensors are rejected with the documented error: read into memory") {
-  check_malformed_safetensors("bad.safetensors", [](const std::vector<std::byte>& bytes) {
+  check_malformed_safetensors("read_safetensors", "bad.safetensors", [](const std::vector<std::byte>& bytes) {
     const auto f = io::parse_safetensors(bytes, "bad.safetensors");
     return f.tensors.size() + f.undecodable.size();
   });
@@ -352,14 +353,14 @@ TEST_CASE("malformed safetensors are rejected with the documented error: read in
 TEST_CASE("malformed safetensors are rejected with the documented error: mapped") {
   test_support::temp_folder folder;
   const auto path = folder / "bad.safetensors";
-  check_malformed_safetensors(path.string(), [&](const std::vector<std::byte>& bytes) {
+  check_malformed_safetensors("mapped_safetensors", path.string(), [&](const std::vector<std::byte>& bytes) {
     write_bytes(path, bytes);
     return io::mapped_safetensors(path).tensors().size();
   });
   SUBCASE("no file, or a folder") {
-    expect_input_error([&] { io::mapped_safetensors(folder / "none.safetensors"); }, "read_safetensors",
+    expect_input_error([&] { io::mapped_safetensors(folder / "none.safetensors"); }, "mapped_safetensors",
                        (folder / "none.safetensors").string(), "a readable file", "no such file");
-    expect_input_error([&] { io::mapped_safetensors(folder.path()); }, "read_safetensors", folder.path().string(),
+    expect_input_error([&] { io::mapped_safetensors(folder.path()); }, "mapped_safetensors", folder.path().string(),
                        "a readable file", "not a regular file");
   }
 }

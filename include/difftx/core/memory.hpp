@@ -12,6 +12,13 @@
 #include <mutex>
 #include <new>
 
+#if __has_include(<sys/mman.h>)
+#include <sys/mman.h>
+#define DIFFTX_HOST_PAGES 1
+#else
+#define DIFFTX_HOST_PAGES 0
+#endif
+
 namespace difftx {
 
 enum class memory_space { host, device };
@@ -22,6 +29,13 @@ class memory_resource {
  public:
   virtual ~memory_resource() = default;
   virtual void* allocate(std::size_t bytes) = 0;
+  // Memory whose bytes are all zero; a resource that can get zeroed memory
+  // for free (fresh pages from the OS) overrides this.
+  virtual void* allocate_zeroed(std::size_t bytes) {
+    void* p = allocate(bytes);
+    zero(p, bytes);
+    return p;
+  }
   virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
   // Byte-wise copy inside this resource's space (device-to-device on a device).
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
@@ -45,11 +59,18 @@ class memory_resource {
 // turns the reuse off and frees what is kept (for a process that wants freed
 // memory back at once, or a run under Valgrind). Builds under Address, HWAddress
 // or Memory sanitizer never reuse, so a use after free is still reported.
+//
+// Blocks of page_threshold bytes or more come straight from the OS as fresh
+// pages (POSIX mmap), which are zero and take no memory until first written:
+// a zeroed tensor that is never written (the gradients of a model loaded only
+// for inference) costs no resident memory, and zeroing a large tensor costs
+// no pass over it.
 class host_memory_resource final : public memory_resource {
  public:
   static constexpr std::size_t alignment = 64;
   static constexpr std::size_t reuse_threshold = std::size_t{64} << 10;
   static constexpr std::size_t default_cache_limit = std::size_t{256} << 20;
+  static constexpr std::size_t page_threshold = std::size_t{4} << 20;
 
   host_memory_resource() = default;
   host_memory_resource(const host_memory_resource&) = delete;
@@ -58,16 +79,20 @@ class host_memory_resource final : public memory_resource {
 
   void* allocate(std::size_t bytes) override {
     if (void* kept = take_kept(bytes)) return kept;
-    try {
-      return ::operator new(bytes, std::align_val_t{alignment});
-    } catch (const std::bad_alloc&) {
-      release_kept();  // what is kept may be what the allocation lacks
-      return ::operator new(bytes, std::align_val_t{alignment});
+    return fresh(bytes);
+  }
+  void* allocate_zeroed(std::size_t bytes) override {
+    if (void* kept = take_kept(bytes)) {
+      std::memset(kept, 0, bytes);
+      return kept;
     }
+    void* p = fresh(bytes);
+    if (!from_pages(bytes)) std::memset(p, 0, bytes);
+    return p;
   }
   // bytes must be what allocate was asked for: a kept block is handed out by it.
   void deallocate(void* p, std::size_t bytes) noexcept override {
-    if (!keep(p, bytes)) ::operator delete(p, std::align_val_t{alignment});
+    if (!keep(p, bytes)) free_block(p, bytes);
   }
   void copy(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
   void zero(void* p, std::size_t bytes) override { std::memset(p, 0, bytes); }
@@ -110,6 +135,35 @@ class host_memory_resource final : public memory_resource {
     void* p;
   };
 
+  static constexpr bool from_pages(std::size_t bytes) noexcept { return DIFFTX_HOST_PAGES && bytes >= page_threshold; }
+  void* fresh(std::size_t bytes) {
+    try {
+      return fresh_block(bytes);
+    } catch (const std::bad_alloc&) {
+      release_kept();  // what is kept may be what the allocation lacks
+      return fresh_block(bytes);
+    }
+  }
+  static void* fresh_block(std::size_t bytes) {
+#if DIFFTX_HOST_PAGES
+    if (from_pages(bytes)) {
+      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      return p;
+    }
+#endif
+    return ::operator new(bytes, std::align_val_t{alignment});
+  }
+  static void free_block(void* p, std::size_t bytes) noexcept {
+#if DIFFTX_HOST_PAGES
+    if (from_pages(bytes)) {
+      ::munmap(p, bytes);
+      return;
+    }
+#endif
+    ::operator delete(p, std::align_val_t{alignment});
+  }
+
   void* take_kept(std::size_t bytes) noexcept {
     if (!reuses_freed_blocks || bytes < reuse_threshold) return nullptr;
     std::lock_guard lock(mutex_);
@@ -140,7 +194,7 @@ class host_memory_resource final : public memory_resource {
   void evict_to(std::size_t bytes) noexcept {
     while (kept_bytes_ > bytes) {
       kept_bytes_ -= kept_.front().bytes;
-      ::operator delete(kept_.front().p, std::align_val_t{alignment});
+      free_block(kept_.front().p, kept_.front().bytes);
       kept_.pop_front();
     }
   }

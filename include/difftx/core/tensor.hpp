@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <memory>
 #include <new>
@@ -192,21 +193,41 @@ class Tensor {
   void allocate_uninitialised() {
     const auto count = checked_element_count(shape_, "Tensor", "shape");
     if (count == 0) return;
+    data_ = static_cast<T*>(allocate([&](std::size_t wanted) { return memory_->allocate(wanted); }, count));
+  }
+  // get(bytes) for count elements; running out of memory is an input_error naming the shape.
+  template <class Get>
+  void* allocate(Get&& get, std::size_t count) const {
     const auto wanted = checked_bytes(count, sizeof(T), "Tensor", "shape");
     try {
-      data_ = static_cast<T*>(memory_->allocate(wanted));
+      return get(wanted);
     } catch (const std::bad_alloc&) {
       throw input_error("Tensor", "shape", "a tensor that fits in memory",
                         std::to_string(wanted) + " bytes for shape " + shape_string(shape_) + ", more than can be allocated");
     }
   }
   void allocate_zeroed() {
+    if (space() != memory_space::host || zero_bytes_are_value_initialised()) {
+      const auto count = checked_element_count(shape_, "Tensor", "shape");
+      if (count == 0) return;
+      data_ = static_cast<T*>(allocate([&](std::size_t wanted) { return memory_->allocate_zeroed(wanted); }, count));
+      return;
+    }
     allocate_uninitialised();
-    if (!data_) return;
-    if (space() == memory_space::host)
-      std::uninitialized_value_construct_n(data_, size());
-    else
-      memory_->zero(data_, bytes());
+    if (data_) std::uninitialized_value_construct_n(data_, size());
+  }
+  // Whether zero bytes are a value-initialised T (float, double, float16,
+  // bfloat16, integers): then the resource's zeroed memory is the tensor.
+  static bool zero_bytes_are_value_initialised() noexcept {
+    if constexpr (!std::is_trivially_copyable_v<T> || !std::is_trivially_destructible_v<T>) {
+      return false;
+    } else {
+      static const bool zero = [] {
+        const auto bytes = std::bit_cast<std::array<unsigned char, sizeof(T)>>(T{});
+        return std::all_of(bytes.begin(), bytes.end(), [](unsigned char b) { return b == 0; });
+      }();
+      return zero;
+    }
   }
   void copy_from(const T* source) {
     if (!data_) return;

@@ -6,8 +6,11 @@
 // output_files does that for several files together: every temporary is
 // created before any work (so a path that cannot be written fails first),
 // filled, and only when all are complete renamed over their targets.
-// remove_temporaries_on_signals() makes SIGINT, SIGTERM and SIGHUP remove the
-// temporaries in flight before the process ends as the signal says.
+// output_folder does it for a folder of files (a checkpoint folder): they are
+// written into a temporary folder beside the target, renamed onto it when all
+// are complete. remove_temporaries_on_signals() makes SIGINT, SIGTERM and
+// SIGHUP remove the temporaries in flight before the process ends as the
+// signal says.
 #pragma once
 
 #include <array>
@@ -93,8 +96,10 @@ struct temporary_registry {
 
 extern "C" inline void remove_temporaries_and_reraise(int signal_number) {
   auto& registry = temporary_registry::instance();
-  for (std::size_t i = 0; i < temporary_registry::slots; ++i)
-    if (registry.visible[i].load()) std::remove(registry.paths[i].data());  // unlink(2): async-signal-safe
+  // Twice: a temporary folder (output_folder) can be removed once its files are.
+  for (int pass = 0; pass < 2; ++pass)
+    for (std::size_t i = 0; i < temporary_registry::slots; ++i)
+      if (registry.visible[i].load()) std::remove(registry.paths[i].data());  // unlink(2)/rmdir(2): async-signal-safe
   std::signal(signal_number, SIG_DFL);
   std::raise(signal_number);
 }
@@ -198,6 +203,70 @@ class output_files {
     bool written;
   };
   std::vector<entry> files_;
+};
+
+// A folder written whole or not at all: its files go into a temporary folder
+// beside the target, which replaces the target (absent, or an empty folder)
+// only at commit(); anything not committed is removed.
+class output_folder {
+ public:
+  // Throws input_error naming `where` and the target unless its parent
+  // folder exists, the target is absent or an empty folder, and the
+  // temporary folder can be created.
+  output_folder(const std::filesystem::path& target, std::string_view where) : target_(target), where_(where) {
+    namespace fs = std::filesystem;
+    const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    std::error_code ec;
+    if (!fs::is_directory(parent, ec))
+      throw input_error(where_, target.string(), "a path in an existing folder", "no folder " + parent.string());
+    if (fs::exists(target, ec) && !(fs::is_directory(target, ec) && fs::is_empty(target, ec)))
+      throw input_error(where_, target.string(), "a new folder (or an empty one)",
+                        fs::is_directory(target, ec) ? "a folder with files in it" : "a file");
+    for (int attempt = 0; attempt < 100 && temporary_.empty(); ++attempt) {
+      const fs::path candidate = parent / ("." + target.filename().string() + ".tmp" + std::to_string(std::random_device{}()));
+      if (fs::create_directory(candidate, ec)) temporary_ = candidate;
+    }
+    if (temporary_.empty()) throw input_error(where_, target.string(), "a writable folder", "cannot create a temporary folder");
+    slots_.push_back(detail::temporary_registry::instance().add(temporary_.string()));
+  }
+  output_folder(const output_folder&) = delete;
+  output_folder& operator=(const output_folder&) = delete;
+  ~output_folder() { discard(); }
+
+  // The file `name` in the folder: write(std::ostream&) produces its content.
+  template <class Writer>
+  void write(const std::string& name, Writer&& write) {
+    const auto path = temporary_ / name;
+    slots_.push_back(detail::temporary_registry::instance().add(path.string()));
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) throw input_error(where_, (target_ / name).string(), "a writable file", "cannot create " + path.string());
+    write(out);
+    out.flush();
+    if (!out) throw input_error(where_, (target_ / name).string(), "a complete write", "a write error");
+  }
+
+  // Renames the temporary folder onto the target.
+  void commit() {
+    std::error_code ec;
+    std::filesystem::rename(temporary_, target_, ec);
+    if (ec) throw input_error(where_, target_.string(), "a folder that can be replaced", ec.message());
+    for (auto slot : slots_) detail::temporary_registry::instance().remove(slot);
+    slots_.clear();
+    temporary_.clear();
+  }
+  void discard() noexcept {
+    if (temporary_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(temporary_, ec);
+    for (auto slot : slots_) detail::temporary_registry::instance().remove(slot);
+    slots_.clear();
+    temporary_.clear();
+  }
+
+ private:
+  std::filesystem::path target_, temporary_;
+  std::string where_;
+  std::vector<std::size_t> slots_;
 };
 
 // One file, atomically: write(std::ostream&) produces the content.

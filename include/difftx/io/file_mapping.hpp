@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <span>
@@ -66,6 +67,19 @@ class file_mapping {
   ~file_mapping() { unmap(); }
 
   std::span<const std::byte> bytes() const noexcept { return {data_, size_}; }
+
+  // Gives back the pages wholly inside `part` (nothing unless part lies in bytes()): they leave
+  // this process's resident memory, stay in the page cache, and are read
+  // again if touched. A loader calls it for each tensor it has decoded, so
+  // loading a checkpoint holds the model's memory, not the model's and the
+  // file's.
+  void release(std::span<const std::byte> part) const noexcept {
+    if (part.empty() || part.data() < data_ || part.data() + part.size() > data_ + size_) return;
+    const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto begin = (reinterpret_cast<std::uintptr_t>(part.data()) + page - 1) / page * page;
+    const auto end = (reinterpret_cast<std::uintptr_t>(part.data()) + part.size()) / page * page;
+    if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  }
 
  private:
   void unmap() noexcept {

@@ -24,12 +24,12 @@ namespace difftx::io {
 
 class mapped_safetensors {
  public:
-  // Maps the file and checks its header: input_error("read_safetensors", ...)
-  // as read_safetensors throws for a missing, unreadable or malformed file.
+  // Maps the file and checks its header: input_error("mapped_safetensors",
+  // ...) as read_safetensors throws for a missing, unreadable or malformed file.
   explicit mapped_safetensors(const std::filesystem::path& path)
       : label_(path.string()),
-        mapping_(path, "read_safetensors"),
-        layout_(read_safetensors_layout(mapping_.bytes(), label_)) {}
+        mapping_(path, "mapped_safetensors"),
+        layout_(read_safetensors_layout(mapping_.bytes(), label_, "mapped_safetensors")) {}
 
   // The path, as errors name the file.
   const std::string& label() const noexcept { return label_; }
@@ -45,6 +45,9 @@ class mapped_safetensors {
     if (it == layout_.tensors.end()) throw detail::missing_tensor(where, name, label_, layout_.tensors.size());
     return it->second.ref(mapping_.bytes());
   }
+  // Gives a decoded tensor's pages back (file_mapping::release); its bytes
+  // stay readable.
+  void release(const tensor_ref& t) const noexcept { mapping_.release(t.bytes); }
 
  private:
   std::string label_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <concepts>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,13 +12,17 @@
 #include "difftx/core/transfer.hpp"
 #include "difftx/io/tensor_file.hpp"
 #include "difftx/io/tensor_ref.hpp"
+#include "difftx/modules/architecture.hpp"
 #include "difftx/modules/parameter.hpp"
 
 namespace difftx::io {
 
 // What load_parameters reads from: at(name, where) gives the tensor called
 // name (throwing input_error naming `where` when there is none) and label()
-// names the file in errors. mapped_safetensors is one.
+// names the file in errors. mapped_safetensors is one. A source may also
+// have metadata() (a file's __metadata__: its architecture is checked against
+// the module's, modules/architecture.hpp) and release(tensor) (called once a
+// tensor is decoded: a mapped file gives its pages back).
 template <class Source>
 concept tensor_source = requires(const Source& source, const std::string& name, std::string_view where) {
   { source.at(name, where) } -> std::same_as<tensor_ref>;
@@ -34,11 +39,26 @@ concept tensor_source = requires(const Source& source, const std::string& name, 
 // buffer as large as the largest of them. A tensor-parallel module
 // (parallel/tensor_parallel.hpp) reads the whole checkpoint's names and
 // shapes and keeps its rank's rows or columns of each split parameter.
+// Throws input_error("load_parameters", key, ...) where the file's metadata
+// says another value for a key of the module's architecture (describe(module,
+// prefix)); keys the file does not have are not checked (files written
+// elsewhere have none).
+template <class Module>
+void require_architecture(const Module& module, const std::map<std::string, std::string>& metadata,
+                          std::string_view label, const std::string& prefix) {
+  for (const auto& [key, value] : describe(module, prefix))
+    if (const auto it = metadata.find(key); it != metadata.end())
+      require(same_architecture_value(value, it->second), "load_parameters", key,
+              value + " (the module's), as __metadata__ in " + std::string(label) + " records the architecture",
+              it->second + ": the file holds another architecture than the module was built with");
+}
+
 template <class Module, tensor_source Source>
 void load_parameters(Module& module, const Source& source, const std::string& prefix = "") {
   using T = typename Module::value_type;
   constexpr std::string_view where = "load_parameters";
   const std::string label(source.label());
+  if constexpr (requires { source.metadata(); }) require_architecture(module, source.metadata(), label, prefix);
   auto params = module.parameters();
   std::vector<tensor_ref> tensors;
   index_t largest_on_device = 0, largest_split = 0;
@@ -61,6 +81,7 @@ void load_parameters(Module& module, const Source& source, const std::string& pr
     } else {
       tensors[i].decode_into(target);
     }
+    if constexpr (requires { source.release(tensors[i]); }) source.release(tensors[i]);
     if (p.space() != memory_space::host)
       p.memory->upload(p.value, staging.data(), static_cast<std::size_t>(p.size()) * sizeof(T));
   }
@@ -75,6 +96,7 @@ void load_parameters(Module& module, const tensor_file& file, const std::string&
     const std::string& file_label;
     tensor_ref at(const std::string& name, std::string_view where) const { return file.at(name, where, file_label).ref(); }
     const std::string& label() const noexcept { return file_label; }
+    const std::map<std::string, std::string>& metadata() const noexcept { return file.metadata; }
   };
   load_parameters(module, labelled_file{file, label}, prefix);
 }
@@ -104,10 +126,12 @@ std::vector<double> whole_values(const parameter_ref<T>& p, Pick pick) {
 
 }  // namespace detail
 
-// file[prefix + name] = each parameter's value, stored as `type`.
+// file[prefix + name] = each parameter's value, stored as `type`, and the
+// module's architecture (modules/architecture.hpp) into file.metadata.
 template <class Module>
 void store_parameters(tensor_file& file, Module& module, dtype type, const std::string& prefix = "") {
   detail::store_each(file, module, type, prefix, [](const auto& p) { return detail::whole_values(p, [](const auto& q) { return q.value; }); });
+  for (auto& [key, value] : describe(module, prefix)) file.metadata[key] = std::move(value);
 }
 
 // file[prefix + name] = each parameter's gradient, stored as `type`.

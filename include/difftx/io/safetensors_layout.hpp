@@ -6,7 +6,8 @@
 // file mapped) both start here, so both check alike and fail alike.
 //
 // Reading checks everything a malformed or hostile file can get wrong and
-// throws input_error("read_safetensors", "<label>: <tensor or part>", ...). It
+// throws input_error(where, "<label>: <tensor or part>", ...), where names the
+// reader ("read_safetensors", "mapped_safetensors"). It
 // follows the format's rules strictly: a header of at most 100 MB (the
 // format's limit) that starts with '{', holds no NUL byte (the JSON parser
 // would stop there and ignore the rest) and no name twice at any level, tensor
@@ -64,9 +65,9 @@ struct safetensors_layout {
 };
 
 // The header of the safetensors file whose bytes are `file`, checked against
-// the file's length; `label` (the file) names every error.
-inline safetensors_layout read_safetensors_layout(std::span<const std::byte> file, const std::string& label) {
-  constexpr std::string_view where = "read_safetensors";
+// the file's length; `label` (the file) and `where` (the reader) name every error.
+inline safetensors_layout read_safetensors_layout(std::span<const std::byte> file, const std::string& label,
+                                                  std::string_view where = "read_safetensors") {
   auto fail = [&](const std::string& what, const std::string& expected, const std::string& got) {
     throw input_error(std::string(where), label + (what.empty() ? "" : ": " + what), expected, got);
   };

@@ -1,15 +1,20 @@
 // One stored tensor seen without owning it: its dtype as the file spells it,
 // its shape and its bytes. A tensor_file's stored_tensor and a tensor in a
 // mapped_safetensors both give one, so load_parameters reads either the same
-// way. The errors for a tensor that is missing or in a dtype difftx does not
-// decode are here too, so every reader words them alike.
+// way. A reader that maps another layout onto difftx's (io/diffllama.hpp)
+// gives a row order: the tensor's rows are stored rows, reordered, decoded
+// straight from the file without an intermediate copy. The errors for a
+// tensor that is missing or in a dtype difftx does not decode are here too, so
+// every reader words them alike.
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "difftx/core/error.hpp"
 #include "difftx/core/tensor.hpp"
@@ -39,6 +44,9 @@ struct tensor_ref {
   std::optional<dtype> type;         // nullopt: a dtype difftx does not decode
   std::span<const index_t> shape;
   std::span<const std::byte> bytes;  // size() elements of dtype_name, little-endian
+  // Empty: the rows as stored. Otherwise row r (along shape[0]) of this tensor
+  // is stored row row_order[r], a permutation of [0, shape[0]).
+  std::span<const index_t> row_order = {};
 
   index_t size() const noexcept {
     index_t n = 1;
@@ -55,7 +63,20 @@ struct tensor_ref {
   // Its size() values into out as T (see io::decode_into); require_decodable first.
   template <Scalar T>
   void decode_into(T* out) const noexcept {
-    io::decode_into(*type, bytes.data(), static_cast<std::size_t>(size()), out);
+    if (row_order.empty()) return io::decode_into(*type, bytes.data(), static_cast<std::size_t>(size()), out);
+    const auto row = static_cast<std::size_t>(size() / shape[0]), row_bytes = bytes.size() / row_order.size();
+    for (std::size_t r = 0; r < row_order.size(); ++r)
+      io::decode_into(*type, bytes.data() + static_cast<std::size_t>(row_order[r]) * row_bytes, row, out + r * row);
+  }
+
+  // Its bytes in its own row order (a copy in the stored dtype: conversions between layouts).
+  std::vector<std::byte> ordered_bytes() const {
+    if (row_order.empty()) return {bytes.begin(), bytes.end()};
+    std::vector<std::byte> out(bytes.size());
+    const auto row_bytes = bytes.size() / row_order.size();
+    for (std::size_t r = 0; r < row_order.size(); ++r)
+      std::memcpy(out.data() + r * row_bytes, bytes.data() + static_cast<std::size_t>(row_order[r]) * row_bytes, row_bytes);
+    return out;
   }
 };
 

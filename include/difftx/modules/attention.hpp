@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "difftx/modules/architecture.hpp"
 #include "difftx/modules/diff_attn.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/linear.hpp"
@@ -26,6 +27,15 @@ struct AttentionConfig {
   bool causal = true;
   index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
 };
+
+// modules/architecture.hpp: what an Attention's weight shapes do not say (c with its head_dim resolved).
+inline void describe_architecture(architecture& a, const std::string& prefix, const AttentionConfig& c) {
+  a[prefix + "heads"] = architecture_value(c.heads);
+  a[prefix + "kv_heads"] = architecture_value(c.kv_heads == 0 ? c.heads : c.kv_heads);
+  a[prefix + "head_dim"] = architecture_value(c.head_dim);
+  a[prefix + "rope_theta"] = architecture_value(c.rope_theta);
+  a[prefix + "causal"] = architecture_value(c.causal);
+}
 
 template <Scalar T, index_t HeadDim, class Policy = policy::reference>
   requires supported_by<Policy, T>
@@ -117,6 +127,9 @@ class Attention {
     out_proj_.reset_parameters(rng);
   }
   const Policy& policy() const noexcept { return policy_; }
+  void describe_architecture(architecture& a, const std::string& prefix) const {
+    difftx::describe_architecture(a, prefix, config_);
+  }
 
  private:
   static AttentionConfig checked(AttentionConfig c) {

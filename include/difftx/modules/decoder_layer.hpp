@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "difftx/modules/architecture.hpp"
 #include "difftx/modules/attention.hpp"
 #include "difftx/modules/multihead.hpp"
 #include "difftx/modules/multihead_v2.hpp"
@@ -31,11 +32,19 @@ struct BasicDecoderLayerConfig {
   using attention_type = AttnConfig;
   AttnConfig attention;  // MultiHeadConfig, AttentionConfig or MultiHeadV2Config: d_model, heads, kv_heads, rope_theta, causal, ...
   index_t ffn_dim = 0;   // F; 0 means default_ffn_dim(d_model)
-  double eps = 1e-5;     // of attn_norm and ffn_norm (the subln's is fixed at 1e-5)
+  double eps = 1e-5;     // of attn_norm and ffn_norm (the subln's is MultiHeadConfig::subln_eps)
 };
 using DecoderLayerConfig = BasicDecoderLayerConfig<MultiHeadConfig>;
 using BaselineLayerConfig = BasicDecoderLayerConfig<AttentionConfig>;
 using DecoderLayerV2Config = BasicDecoderLayerConfig<MultiHeadV2Config>;
+
+// modules/architecture.hpp: the norms' eps and the attention's constants.
+template <class AttnConfig>
+void describe_architecture(architecture& a, const std::string& prefix, const BasicDecoderLayerConfig<AttnConfig>& c) {
+  a[prefix + "attn_norm.eps"] = architecture_value(c.eps);
+  describe_architecture(a, prefix + "attn.", c.attention);
+  a[prefix + "ffn_norm.eps"] = architecture_value(c.eps);
+}
 
 // Ffn defaults to SwiGLU; parallel/tensor_parallel.hpp gives both parts split over ranks.
 template <class Attn, class Ffn = SwiGLU<typename Attn::value_type, typename Attn::policy_type>>
@@ -178,6 +187,9 @@ class BasicDecoderLayer {
     ffn_.reset_parameters(rng);
   }
   const Policy& policy() const noexcept { return policy_; }
+  void describe_architecture(architecture& a, const std::string& prefix) const {
+    difftx::describe_architecture(a, prefix, config_);
+  }
 
  private:
   // The layer's forward with attend(attn_in, y) as its attention, two buffers of scratch.

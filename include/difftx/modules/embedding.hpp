@@ -53,6 +53,9 @@ class Embedding {
   }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") { return {weight_.ref(prefix + "weight")}; }
+  // The table [V, C] and its gradient, for an output head tied to it (LanguageModel).
+  cview<T, 2> table() const noexcept { return weight_.value.view(); }
+  TensorView<T, 2> table_grad() noexcept { return weight_.grad.view(); }
 
   // nn.Embedding's default: N(0, 1).
   void reset_parameters(random_stream& rng) { weight_.init_normal(rng, 1.0); }

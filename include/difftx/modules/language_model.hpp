@@ -3,17 +3,22 @@
 //   x      = Embedding(tokens)              tokens [B, N] -> [B, N, C]
 //   hidden = Stack<Layer>(x)                [B, N, C]
 //   normed = RMSNorm(hidden; w_norm)        [B, N, C]
-//   logits = normed W_headᵀ                 [B, N, V]   (lm_head, not tied to the embedding)
+//   logits = normed W_headᵀ                 [B, N, V]   (W_head: lm_head, or the embedding table when tied)
 // The loss is separate (cross_entropy_forward/backward on the logits), so the
 // same model serves any objective. Parameters: "embed_tokens.weight" [V, C],
-// "layers.<i>.<Layer names>", "norm.weight" [C], "lm_head.weight" [V, C].
+// "layers.<i>.<Layer names>", "norm.weight" [C], "lm_head.weight" [V, C]
+// (absent when tied: the head then reads the table and adds its gradient into
+// the table's, as PyTorch's tied nn.Linear and nn.Embedding do).
 #pragma once
 
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "difftx/core/checks.hpp"
+#include "difftx/modules/architecture.hpp"
 #include "difftx/modules/embedding.hpp"
 #include "difftx/modules/linear.hpp"
 #include "difftx/modules/parameter.hpp"
@@ -27,7 +32,20 @@ struct LanguageModelConfig {
   index_t vocab_size = 0;  // V
   index_t d_model = 0;     // C, the width of every layer
   double eps = 1e-5;       // of the final RMSNorm
+  bool tie_word_embeddings = false;  // the output head is the embedding table (no lm_head.weight)
 };
+
+// modules/architecture.hpp: a LanguageModel's, from the configs of its layers
+// (the keys describe(model) gives: the tie, the layer count, each layer's, the final norm's eps).
+template <class LayerConfig>
+void describe_architecture(architecture& a, const std::string& prefix, const LanguageModelConfig& c,
+                           std::span<const LayerConfig> layers) {
+  a[prefix + "tie_word_embeddings"] = architecture_value(c.tie_word_embeddings);
+  a[prefix + "layers"] = architecture_value(static_cast<index_t>(layers.size()));
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    describe_architecture(a, prefix + "layers." + std::to_string(i) + ".", layers[i]);
+  a[prefix + "norm.eps"] = architecture_value(c.eps);
+}
 
 template <class Layer>
 class LanguageModel {
@@ -49,16 +67,16 @@ class LanguageModel {
     Tensor<T, 3> hidden;  // [B, N, C] the last layer's output
     typename RMSNorm<T, Policy>::saved_type norm;
     Tensor<T, 3> normed;  // [B, N, C] the head's input
-    typename Linear<T, Policy>::saved_type head;
   };
 
   // layers: built by the caller (layer indices, heads, ...), each C wide.
   LanguageModel(const LanguageModelConfig& config, std::vector<Layer> layers)
-      : config_(config),
+      : config_(checked(config, layers)),
         embed_(config.vocab_size, config.d_model, first_policy(layers)),
         layers_(std::move(layers)),
-        norm_(config.d_model, config.eps, 1.0, layers_.policy()),
-        head_(config.d_model, config.vocab_size, layers_.policy()) {}
+        norm_(config.d_model, config.eps, 1.0, layers_.policy()) {
+    if (!config.tie_word_embeddings) head_.emplace(config.d_model, config.vocab_size, layers_.policy());
+  }
 
   const LanguageModelConfig& config() const noexcept { return config_; }
   const Stack<Layer>& layers() const noexcept { return layers_; }
@@ -86,7 +104,7 @@ class LanguageModel {
     embed_.forward(tokens, s.x.view(), s.embed);
     layers_.forward(s.x.view(), s.hidden.view(), s.stack, sequences);
     norm_.forward(s.hidden.view(), s.normed.view(), s.norm);
-    head_.forward(s.normed.view(), logits, s.head);
+    head_forward(s.normed.view(), logits);
     s.input_shape = tokens.shape();
   }
 
@@ -119,7 +137,7 @@ class LanguageModel {
     require_shape(where, "dlogits", dlogits, output_shape(tokens.shape()));
     auto& memory = layers_.policy().memory();
     Tensor<T, 3> a(s.x.shape(), memory), b(s.x.shape(), memory);
-    head_.backward(s.normed.view(), dlogits, s.head, a.view());         // a = d normed
+    head_backward(s.normed.view(), dlogits, a.view());                  // a = d normed
     norm_.backward(s.hidden.view(), a.view(), s.norm, b.view());        // b = d hidden
     layers_.backward(s.x.view(), b.view(), s.stack, a.view());          // a = d x
     embed_.backward(tokens, a.view(), s.embed);
@@ -130,7 +148,7 @@ class LanguageModel {
     append_parameters(all, embed_.parameters(prefix + "embed_tokens."));
     append_parameters(all, layers_.parameters(prefix));
     append_parameters(all, norm_.parameters(prefix + "norm."));
-    append_parameters(all, head_.parameters(prefix + "lm_head."));
+    if (head_) append_parameters(all, head_->parameters(prefix + "lm_head."));
     return all;
   }
   // Draws every parameter from rng in order (embedding, layers 0..L-1, norm, head),
@@ -139,9 +157,15 @@ class LanguageModel {
     embed_.reset_parameters(rng);
     layers_.reset_parameters(rng);
     norm_.reset_parameters(rng);
-    head_.reset_parameters(rng);
+    if (head_) head_->reset_parameters(rng);
   }
   const Policy& policy() const noexcept { return layers_.policy(); }
+  // modules/architecture.hpp: the tie, every layer's constants, the final norm's eps.
+  void describe_architecture(architecture& a, const std::string& prefix) const {
+    a[prefix + "tie_word_embeddings"] = architecture_value(config_.tie_word_embeddings);
+    layers_.describe_architecture(a, prefix);
+    norm_.describe_architecture(a, prefix + "norm.");
+  }
 
  private:
   // embedding -> layers(x, hidden) -> norm -> head, with this call's scratch only.
@@ -160,9 +184,33 @@ class LanguageModel {
     }
     layers(x.const_view(), hidden.view());
     typename RMSNorm<T, Policy>::saved_type norm_state;
-    typename Linear<T, Policy>::saved_type head_state;
     norm_.forward(hidden.view(), x.view(), norm_state);
-    head_.forward(x.view(), logits, head_state);
+    head_forward(x.view(), logits);
+  }
+
+  // normed [B, N, C] -> logits [B, N, V], through lm_head or the embedding table.
+  void head_forward(cview<T, 3> normed, TensorView<T, 3> logits) const {
+    if (head_) {
+      typename Linear<T, Policy>::saved_type unused;  // a Linear's backward needs only its input again
+      return head_->forward(normed, logits, unused);
+    }
+    linear_forward(policy(), flatten_rows(normed), embed_.table(), flatten_rows(logits));
+  }
+  // dlogits -> d_normed (assign); the head's (or the table's) gradient accumulates.
+  void head_backward(cview<T, 3> normed, cview<T, 3> dlogits, TensorView<T, 3> d_normed) {
+    if (head_) return head_->backward(normed, dlogits, {normed.shape()}, d_normed);
+    linear_backward(policy(), flatten_rows(normed), embed_.table(), flatten_rows(dlogits), flatten_rows(d_normed),
+                    embed_.table_grad());
+  }
+
+  static const LanguageModelConfig& checked(const LanguageModelConfig& config, const std::vector<Layer>& layers) {
+    if constexpr (requires(const Layer& l) { l.d_model(); })
+      for (std::size_t i = 0; i < layers.size(); ++i)
+        require(layers[i].d_model() == config.d_model, "LanguageModel", "config.d_model",
+                "the width of every layer (layer " + std::to_string(i) + ": " + std::to_string(layers[i].d_model()) +
+                    ")",
+                std::to_string(config.d_model));
+    return config;
   }
 
   static const Policy& first_policy(const std::vector<Layer>& layers) {
@@ -174,7 +222,7 @@ class LanguageModel {
   Embedding<T, Policy> embed_;
   Stack<Layer> layers_;
   RMSNorm<T, Policy> norm_;
-  Linear<T, Policy> head_;
+  std::optional<Linear<T, Policy>> head_;  // none when tied to the embedding
 };
 
 }  // namespace difftx

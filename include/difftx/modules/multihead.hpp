@@ -7,9 +7,11 @@
 // "lambda_k1", "lambda_q2", "lambda_k2" [D], "subln.weight" [2D].
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <vector>
 
+#include "difftx/modules/architecture.hpp"
 #include "difftx/modules/diff_attn.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/sequences.hpp"
@@ -25,9 +27,23 @@ struct MultiHeadConfig {
   index_t kv_heads = 0;     // g key/value groups; 0 means g = h
   index_t layer_index = 0;  // l, sets lambda_init = 0.8 - 0.6 exp(-0.3 l)
   double rope_theta = 10000.0;
+  double rope_factor = 1.0;  // linear RoPE scaling: positions divided by it (transformers' rope_type "linear")
   bool causal = true;
-  index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
+  index_t head_dim = 0;     // D; 0 means the compiled D (needed where D is difftx::dynamic)
+  double subln_eps = 1e-5;  // of the per-head RMSNorm (DiffLlama checkpoints: their rms_norm_eps)
 };
+
+// modules/architecture.hpp: what a MultiHead's weight shapes do not say (c with its head_dim resolved).
+inline void describe_architecture(architecture& a, const std::string& prefix, const MultiHeadConfig& c) {
+  a[prefix + "heads"] = architecture_value(c.heads);
+  a[prefix + "kv_heads"] = architecture_value(c.kv_heads == 0 ? c.heads : c.kv_heads);
+  a[prefix + "head_dim"] = architecture_value(c.head_dim);
+  a[prefix + "layer_index"] = architecture_value(c.layer_index);
+  a[prefix + "rope_theta"] = architecture_value(c.rope_theta);
+  a[prefix + "rope_factor"] = architecture_value(c.rope_factor);
+  a[prefix + "causal"] = architecture_value(c.causal);
+  a[prefix + "subln.eps"] = architecture_value(c.subln_eps);
+}
 
 template <Scalar T, index_t HeadDim, class Policy = policy::reference>
   requires supported_by<Policy, T>
@@ -73,7 +89,7 @@ class MultiHead {
         v_proj_(config_.d_model, 2 * config_.kv_heads * config_.head_dim, policy_),
         out_proj_(2 * config_.heads * config_.head_dim, config_.d_model, policy_),
         attn_({config_.heads, config_.kv_heads, config_.layer_index, config_.causal, config_.head_dim}, policy_),
-        subln_(2 * config_.head_dim, 1e-5, 1.0 - difftx::lambda_init(config_.layer_index), policy_) {
+        subln_(2 * config_.head_dim, config_.subln_eps, 1.0 - difftx::lambda_init(config_.layer_index), policy_) {
     random_stream rng(0);
     reset_parameters(rng);
   }
@@ -90,8 +106,8 @@ class MultiHead {
     check_input(where, x, y, sequences);
     project(x, s);
     detail::for_each_sequence(sequences, [&](const auto& seq) {
-      rope_forward(policy_, seq.rows(detail::rope_vectors(s.q)), 0, config_.rope_theta);
-      rope_forward(policy_, seq.rows(detail::rope_vectors(s.k)), 0, config_.rope_theta);
+      rope_forward(policy_, seq.rows(detail::rope_vectors(s.q)), 0, config_.rope_theta, config_.rope_factor);
+      rope_forward(policy_, seq.rows(detail::rope_vectors(s.k)), 0, config_.rope_theta, config_.rope_factor);
     });
     attn_.forward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), s.attn, sequences);
     output(s, y);
@@ -120,8 +136,8 @@ class MultiHead {
     attn_.backward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), d_o.view(), s.attn, dq.view(), dk.view(),
                    dv.view());
     detail::for_each_sequence(s.attn.sequences, [&](const auto& seq) {
-      rope_backward(policy_, seq.rows(detail::rope_vectors(dq)), 0, config_.rope_theta);
-      rope_backward(policy_, seq.rows(detail::rope_vectors(dk)), 0, config_.rope_theta);
+      rope_backward(policy_, seq.rows(detail::rope_vectors(dq)), 0, config_.rope_theta, config_.rope_factor);
+      rope_backward(policy_, seq.rows(detail::rope_vectors(dk)), 0, config_.rope_theta, config_.rope_factor);
     });
     q_proj_.backward(x, dq.view().template reshape<3>({B, N, 2 * h * D}), s.q_proj, dx);
     k_proj_.backward(x, dk.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj, dx, write_mode::add);
@@ -155,8 +171,10 @@ class MultiHead {
     cache.require_decodable(where, x.extent(1));
     saved_type s;
     project(x, s);
-    detail::rope_from_positions(policy_, detail::rope_vectors(s.q), cache.lengths(), config_.rope_theta);
-    detail::rope_from_positions(policy_, detail::rope_vectors(s.k), cache.lengths(), config_.rope_theta);
+    detail::rope_from_positions(policy_, detail::rope_vectors(s.q), cache.lengths(), config_.rope_theta,
+                                config_.rope_factor);
+    detail::rope_from_positions(policy_, detail::rope_vectors(s.k), cache.lengths(), config_.rope_theta,
+                                config_.rope_factor);
     cache.append(s.k.view(), s.v.view());
     attn_.decode(s.q.view(), cache, s.o.view());
     output(s, y);
@@ -181,6 +199,9 @@ class MultiHead {
     subln_.reset_parameters(rng);
   }
   const Policy& policy() const noexcept { return policy_; }
+  void describe_architecture(architecture& a, const std::string& prefix) const {
+    difftx::describe_architecture(a, prefix, config_);
+  }
 
  private:
   static MultiHeadConfig checked(MultiHeadConfig c) {
@@ -189,6 +210,10 @@ class MultiHead {
     c.head_dim = detail::checked_head_dim<HeadDim>("MultiHead", c.head_dim);
     require(c.layer_index >= 0, "MultiHead", "config.layer_index", "a layer index >= 0", std::to_string(c.layer_index));
     require(c.rope_theta > 0, "MultiHead", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
+    require(c.rope_factor > 0 && std::isfinite(c.rope_factor), "MultiHead", "config.rope_factor",
+            "a finite linear RoPE scaling factor > 0", std::to_string(c.rope_factor));
+    require(c.subln_eps > 0 && std::isfinite(c.subln_eps), "MultiHead", "config.subln_eps", "a finite eps > 0",
+            std::to_string(c.subln_eps));
     return c;
   }
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "difftx/core/head_dim.hpp"
+#include "difftx/modules/architecture.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/linear.hpp"
 #include "difftx/modules/sequences.hpp"
@@ -36,6 +37,16 @@ struct MultiHeadV2Config {
   index_t head_dim = 0;       // D; 0 means the compiled D (needed where D is difftx::dynamic)
   bool differential = true;   // false: the matched baseline (the authors' use_diff_v2 = False)
 };
+
+// modules/architecture.hpp: what a MultiHeadV2's weight shapes do not say (c with its head_dim resolved).
+inline void describe_architecture(architecture& a, const std::string& prefix, const MultiHeadV2Config& c) {
+  a[prefix + "heads"] = architecture_value(c.heads);
+  a[prefix + "kv_heads"] = architecture_value(c.kv_heads == 0 ? c.heads : c.kv_heads);
+  a[prefix + "head_dim"] = architecture_value(c.head_dim);
+  a[prefix + "rope_theta"] = architecture_value(c.rope_theta);
+  a[prefix + "causal"] = architecture_value(c.causal);
+  a[prefix + "differential"] = architecture_value(c.differential);
+}
 
 template <Scalar T, index_t HeadDim, class Policy = policy::reference>
   requires supported_by<Policy, T>
@@ -150,6 +161,9 @@ class MultiHeadV2 {
     if (lambda_proj_) lambda_proj_->reset_parameters(rng);
   }
   const Policy& policy() const noexcept { return policy_; }
+  void describe_architecture(architecture& a, const std::string& prefix) const {
+    difftx::describe_architecture(a, prefix, config_);
+  }
 
  private:
   static MultiHeadV2Config checked(MultiHeadV2Config c) {

@@ -57,6 +57,25 @@ struct parameter_ref {
   }
 };
 
+// While one of these lives, parameters on this thread skip their
+// initialisation and stay zero: modules built to be loaded from a file at
+// once (io::load_diffllama) do not draw random weights only to overwrite them
+// (about 7 s for a 1B-parameter model on one core).
+class uninitialised_parameters {
+ public:
+  uninitialised_parameters() noexcept { ++depth(); }
+  ~uninitialised_parameters() { --depth(); }
+  uninitialised_parameters(const uninitialised_parameters&) = delete;
+  uninitialised_parameters& operator=(const uninitialised_parameters&) = delete;
+  static bool active() noexcept { return depth() > 0; }
+
+ private:
+  static int& depth() noexcept {
+    thread_local int d = 0;
+    return d;
+  }
+};
+
 template <class T, std::size_t Rank>
 struct Parameter {
   Tensor<T, Rank> value, grad;
@@ -71,6 +90,7 @@ struct Parameter {
   // Sets the value from a host-side fill (initialisation), wherever it lives.
   template <class Fill>
   void initialise(Fill&& fill) {
+    if (uninitialised_parameters::active()) return;
     if (value.space() == memory_space::host) {
       fill(value.view());
       return;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "difftx/core/checks.hpp"
+#include "difftx/modules/architecture.hpp"
 #include "difftx/modules/parameter.hpp"
 #include "difftx/ops/rmsnorm.hpp"
 #include "difftx/policy/reference.hpp"
@@ -64,6 +65,10 @@ class RMSNorm {
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") { return {weight_.ref(prefix + "weight")}; }
   void reset_parameters(random_stream&) { weight_.init_constant(1.0); }
   const Policy& policy() const noexcept { return policy_; }
+  // modules/architecture.hpp: eps (the scale is its owner's: MultiHead's subln).
+  void describe_architecture(architecture& a, const std::string& prefix) const {
+    a[prefix + "eps"] = architecture_value(eps_);
+  }
 
  private:
   static shape_t<1> checked_shape(index_t dim, double eps) {

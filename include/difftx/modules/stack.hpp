@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "difftx/core/checks.hpp"
+#include "difftx/modules/architecture.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/parameter.hpp"
 #include "difftx/modules/sequences.hpp"
@@ -120,6 +121,12 @@ class Stack {
     for (auto& layer : layers_) layer.reset_parameters(rng);
   }
   const policy_type& policy() const noexcept { return layers_.front().policy(); }
+  // modules/architecture.hpp: the layer count and each layer's constants.
+  void describe_architecture(architecture& a, const std::string& prefix) const {
+    a[prefix + "layers"] = architecture_value(static_cast<index_t>(layers_.size()));
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      a.merge(describe(layers_[i], prefix + "layers." + std::to_string(i) + "."));
+  }
 
  private:
   // x -> step(0) -> ... -> step(L - 1) -> out, through two scratch buffers.

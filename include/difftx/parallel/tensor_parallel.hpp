@@ -110,8 +110,8 @@ struct tensor_parallel_traits<MultiHead<T, D, Policy>> : detail::attention_split
   static auto part(const typename base::arguments& a, int ranks) { return base::part(name, a, ranks); }
   static std::vector<double> fingerprint(const typename base::arguments& a) {
     const auto& c = a.config;
-    return {double(c.d_model), double(c.heads), double(c.kv_heads), double(c.layer_index), c.rope_theta,
-            double(c.causal), double(c.head_dim)};
+    return {double(c.d_model), double(c.heads),   double(c.kv_heads), double(c.layer_index), c.rope_theta,
+            c.rope_factor,     double(c.causal), double(c.head_dim), c.subln_eps};
   }
   static parameter_shard::split split_of(std::string_view name) { return detail::projection_split(name, "out_proj.weight"); }
 };
