@@ -3,7 +3,8 @@
 // dtype and input): the median of --repeats runs after a warm-up, as
 // milliseconds, tokens/s and GFLOP/s (FLOPs as count_flops says), each policy
 // timed its own way (runner::elapsed_ms: CUDA events for cuda) and compared
-// with the first.
+// with the first. With --model, a real language model's prefill and decode
+// instead (bench_model.cpp).
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -19,6 +20,7 @@
 
 #include "commands.hpp"
 #include "flops.hpp"
+#include "model_source.hpp"
 #include "runner.hpp"
 
 namespace difftx::cli {
@@ -33,6 +35,8 @@ struct bench_options {
   bool baseline = false;  // V2 kinds: differential off
   index_t context = 0;
   int repeats = 10, threads = 0;
+  std::string model;  // --model: a language model's prefill and decode instead
+  index_t new_tokens = 32;
 };
 
 struct flop_count {
@@ -260,18 +264,30 @@ void bench(const bench_options& o) {
 
 void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<bench_options>();
-  auto* cmd = app.add_subcommand("bench", "time one module's forward (and backward) on random weights and input");
-  add_module_option(*cmd, o->module);
+  auto* cmd = app.add_subcommand("bench", "time one module's forward (and backward) on random weights and input, or a "
+                                          "language model's prefill and decode");
+  auto* module = add_module_option(*cmd, o->module);
   add_policies_option(*cmd, o->policies);
   add_dtype_option(*cmd, o->dtype);
   add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
-  cmd->add_option("--batch", o->batch, "batch size B")->required()->check(count_in(1));
-  auto* seq = cmd->add_option("--seq", o->seq, "sequence length N (needed unless --decode)")->check(count_in(1));
-  cmd->add_option("--d-model", o->d_model, "model width C")->required()->check(count_in(1));
-  cmd->add_option("--heads", o->heads,
+  auto* batch = cmd->add_option("--batch", o->batch, "batch size B")->check(count_in(1));
+  auto* seq = cmd->add_option("--seq", o->seq, "sequence length N (needed unless --decode; --model: the prompt, "
+                                               "default 128)")->check(count_in(1));
+  auto* d_model = cmd->add_option("--d-model", o->d_model, "model width C")->check(count_in(1));
+  auto* model = cmd->add_option("--model", o->model,
+                                "instead of --module: time a language model (a Hugging Face DiffLlama folder or a "
+                                "difftx file) on a random prompt of --seq tokens: its prefill, then --new-tokens "
+                                "greedy decode steps with the KV cache");
+  auto* new_tokens = cmd->add_option("--new-tokens", o->new_tokens, "--model: decode steps timed after the prefill")
+                         ->check(count_in(1))
+                         ->capture_default_str();
+  model->excludes(module)->excludes(batch)->excludes(d_model);
+  new_tokens->needs(model);
+  auto* heads = cmd->add_option("--heads", o->heads,
                   "heads h (attention: H; V2: h output heads, 2h query heads); needed except for rmsnorm and swiglu")
       ->check(count_in(1));
-  cmd->add_option("--kv-heads", o->kv_heads, "key/value groups g (default: as many as heads)")->check(count_in(1));
+  auto* kv_heads =
+      cmd->add_option("--kv-heads", o->kv_heads, "key/value groups g (default: as many as heads)")->check(count_in(1));
   cmd->add_option("--head-dim", o->head_dim,
                   "half head size D (attention and V2: head size); default C / (2h) (attention: C / H; V2: C / h)")
       ->check(count_in(1));
@@ -286,7 +302,8 @@ void add_bench_command(CLI::App& app) {
                                "time one decode step with a KV cache instead: --batch new tokens, one per sequence, "
                                "each attending to --context cached ones (every module with attention)");
   auto* context = cmd->add_option("--context", o->context, "--decode: the tokens already in the cache")->check(count_in(1));
-  decode->needs(context)->excludes(backward)->excludes(seq);
+  decode->needs(context)->excludes(backward)->excludes(seq)->excludes(model);
+  backward->excludes(model);
   context->needs(decode);
   cmd->add_option("--repeats", o->repeats, "timed runs (after one warm-up run)")
       ->check(CLI::Range(1, 100000))
@@ -305,7 +322,16 @@ void add_bench_command(CLI::App& app) {
       "Not counted: RMSNorm, RoPE, softmax, the SwiGLU gate, V2's a_2i - lambda a_2i+1,\n"
       "residual adds (O(B·N·C) each), so rmsnorm reports no GFLOP/s.\n" +
       exit_codes_help);
-  cmd->callback([o] {
+  cmd->callback([o, heads, kv_heads] {
+    if (!o->model.empty())
+      return bench_model({.model = o->model, .dtype = o->dtype, .policies = o->policies,
+                          .flags = {.heads = heads->count() ? o->heads : 0, .kv_heads = kv_heads->count() ? o->kv_heads : 0,
+                                    .threads = o->threads},
+                          .prompt_tokens = o->seq ? o->seq : 128, .new_tokens = o->new_tokens, .repeats = o->repeats,
+                          .json = o->json});
+    for (const auto& [name, missing] : {std::pair{"--module", o->module.empty()}, {"--batch", o->batch == 0},
+                                        {"--d-model", o->d_model == 0}})
+      if (missing) throw CLI::RequiredError(std::string(name) + " (or --model)");
     if (!o->decode && o->seq == 0) throw CLI::RequiredError("--seq");
     bench(*o);
   });

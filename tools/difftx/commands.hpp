@@ -24,6 +24,7 @@ void add_check_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_retrieval_command(CLI::App& app);  // the training demo (cmd_retrieval.cpp)
 void add_generate_command(CLI::App& app);   // greedy decoding with the KV cache (cmd_generate.cpp)
+void add_convert_command(CLI::App& app);    // DiffLlama folders to difftx files and back (cmd_convert.cpp)
 
 // The largest count any option takes (heads, widths, lengths, indices): far
 // above any real layer, far below where products of a few counts overflow.
@@ -43,7 +44,7 @@ CLI::Option* add_policy_option(CLI::App& command, std::string& policy);
 CLI::Option* add_policies_option(CLI::App& command, std::vector<std::string>& policies);
 // --dtype NAME: float64, float32, bfloat16 or float16; defaults to float32.
 CLI::Option* add_dtype_option(CLI::App& command, std::string& dtype);
-// --module NAME: one of module_kinds.
+// --module NAME: one of module_kinds (required unless the command also takes --model).
 CLI::Option* add_module_option(CLI::App& command, std::string& module);
 // --threads N: threads of a policy that has them (simd); default as given.
 CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& default_text);

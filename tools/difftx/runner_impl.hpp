@@ -2,7 +2,7 @@
 // kind and the head size for one policy and number type. Only the runners_*
 // files include this (through typed_runners.hpp for the host policies; the
 // nvcc-compiled runners_cuda.cu directly), so the build splits by type, and
-// generator.cpp, for the policy and layer configs its language models share.
+// language_model_runner.cpp, for the policy and layer configs its language models share.
 #pragma once
 
 #include <chrono>

@@ -69,13 +69,29 @@ module_spec v2_spec_from_weights(module_spec s, const module_spec& given, const 
 
 }  // namespace
 
-module_spec spec_from_weights(const module_spec& given, const io::tensor_file& weights, const std::string& label,
+shape_table shapes_of(const io::tensor_file& file) {
+  shape_table shapes;
+  for (const auto& [name, t] : file.tensors) shapes[name] = {t.shape, std::string(io::safetensors_name(t.type))};
+  for (const auto& [name, dtype] : file.undecodable) shapes[name] = {{}, dtype, false};
+  return shapes;
+}
+
+shape_table shapes_of(const io::mapped_safetensors& file) {
+  shape_table shapes;
+  for (const auto& [name, t] : file.tensors()) shapes[name] = {t.shape, t.dtype_name, t.type.has_value()};
+  return shapes;
+}
+
+module_spec spec_from_weights(const module_spec& given, const shape_table& weights, const std::string& label,
                               std::string_view where, const std::string& prefix) {
   module_spec s = given;
   const std::string& kind = given.kind;
   auto named = [&](const std::string& name) { return label + ": " + prefix + name; };
   auto shape_of = [&](const std::string& name, std::size_t rank) {
-    const auto& shape = weights.at(prefix + name, where, label).shape;
+    const auto it = weights.find(prefix + name);
+    if (it == weights.end()) throw io::detail::missing_tensor(where, prefix + name, label, weights.size());
+    if (!it->second.decodable) throw io::detail::undecodable_tensor(where, prefix + name, label, it->second.dtype_name);
+    const auto& shape = it->second.shape;
     require(shape.size() == rank && std::all_of(shape.begin(), shape.end(), [](index_t e) { return e > 0; }), where,
             named(name), rank == 1 ? "a non-empty vector [n]" : "a non-empty matrix [rows, columns]",
             "shape " + shape_string(shape));
@@ -103,9 +119,9 @@ module_spec spec_from_weights(const module_spec& given, const io::tensor_file& w
   const auto q = shape_of(attn + "q_proj.weight", 2);  // [2hD, C] (attention: [HD, C])
   s.d_model = q[1];
   const std::string q_name = named(attn + "q_proj.weight");
-  if (is_v2(kind)) return v2_spec_from_weights(s, given, q, shape_of, named, rows_of, where, attn,
-                                               weights.contains(prefix + attn + "lambda_proj.weight") ||
-                                                   weights.undecodable.count(prefix + attn + "lambda_proj.weight") > 0);
+  if (is_v2(kind))
+    return v2_spec_from_weights(s, given, q, shape_of, named, rows_of, where, attn,
+                                weights.count(prefix + attn + "lambda_proj.weight") > 0);
   const index_t maps = is_differential(kind) ? 2 : 1;
   if (maps == 2) {
     s.head_dim = shape_of(attn + "lambda_q1", 1)[0];
@@ -120,14 +136,24 @@ module_spec spec_from_weights(const module_spec& given, const io::tensor_file& w
             "rows = H·D divisible by H = " + std::to_string(s.heads) + " (--heads)", "shape " + shape_string(q));
     s.head_dim = q[0] / s.heads;
   }
-  if (s.kv_heads == 0) s.kv_heads = s.heads;
   const auto k = shape_of(attn + "k_proj.weight", 2);
-  const auto k_rows = rows_of(maps * s.kv_heads, s.head_dim, named(attn + "k_proj.weight"));
-  require(k[0] == k_rows, where, named(attn + "k_proj.weight"),
-          std::to_string(k_rows) + " rows = " + (maps == 2 ? "2·g·D" : "G·D") + " with " +
-              (maps == 2 ? "g = " : "G = ") + std::to_string(s.kv_heads) +
-              (given.kv_heads ? " (--kv-heads)" : " (as many as heads; see --kv-heads)") + " and D = " +
-              std::to_string(s.head_dim),
+  const std::string k_name = named(attn + "k_proj.weight");
+  const std::string k_rows_text = maps == 2 ? "2·g·D" : "G·D";
+  if (s.kv_heads == 0) {  // from k_proj: its rows are maps · groups · D
+    require(k[0] % (maps * s.head_dim) == 0, where, k_name,
+            "rows = " + k_rows_text + " divisible by " + std::to_string(maps * s.head_dim) + " (D = " +
+                std::to_string(s.head_dim) + ")",
+            "shape " + shape_string(k));
+    s.kv_heads = k[0] / (maps * s.head_dim);
+  }
+  const auto k_rows = rows_of(maps * s.kv_heads, s.head_dim, k_name);
+  require(k[0] == k_rows, where, k_name,
+          std::to_string(k_rows) + " rows = " + k_rows_text + " with " + (maps == 2 ? "g = " : "G = ") +
+              std::to_string(s.kv_heads) + " (--kv-heads) and D = " + std::to_string(s.head_dim),
+          "shape " + shape_string(k));
+  require(s.heads % s.kv_heads == 0, where, k_name,
+          (maps == 2 ? "g = " : "G = ") + std::to_string(s.kv_heads) + " key/value groups dividing the " +
+              std::to_string(s.heads) + " heads",
           "shape " + shape_string(k));
   require(s.head_dim % 2 == 0, where, q_name, "an even head size D (RoPE rotates pairs)",
           "D = " + std::to_string(s.head_dim));

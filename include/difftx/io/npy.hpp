@@ -5,8 +5,9 @@
 // padded with spaces and ending in '\n'. It is not JSON, so it is parsed here
 // by hand, strictly: exactly the keys descr, fortran_order and shape, each once,
 // with a string, True/False and a tuple of integers. difftx reads and writes
-// C-order little-endian float32 and float64 of any rank; everything else throws
-// input_error naming the file, what was expected and what came.
+// C-order little-endian float32 and float64 of any rank, and reads token ids
+// (int32 or int64, read_npy_tokens); everything else throws input_error
+// naming the file, what was expected and what came.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "difftx/core/sizes.hpp"
 #include "difftx/io/atomic_file.hpp"
 #include "difftx/io/tensor_file.hpp"
+#include "difftx/ops/common.hpp"
 
 namespace difftx::io {
 
@@ -158,8 +160,16 @@ constexpr std::size_t npy_alignment = 64;  // the header is padded so the data s
 
 }  // namespace detail
 
-// Takes the file's bytes by value: the data moves into the tensor without a copy.
-inline stored_tensor parse_npy(std::vector<std::byte> bytes, const std::string& label) {
+namespace detail {
+
+// An .npy file's header and where its data starts, checked up to the dtype,
+// which the caller checks (floats or token ids).
+struct npy_layout {
+  npy_header header;
+  std::size_t data_begin = 0;
+};
+
+inline npy_layout read_npy_layout(const std::vector<std::byte>& bytes, const std::string& label) {
   constexpr std::string_view where = "read_npy";
   auto fail = [&](const std::string& what, const std::string& expected, const std::string& got) {
     throw input_error(std::string(where), label + ": " + what, expected, got);
@@ -186,8 +196,32 @@ inline stored_tensor parse_npy(std::vector<std::byte> bytes, const std::string& 
   if (header_size > bytes.size() - header_begin)
     fail("header", "a header length within the file (" + std::to_string(bytes.size() - header_begin) + " bytes after it)",
          std::to_string(header_size));
-  const auto header = detail::npy_header_parser(std::string_view(chars + header_begin, header_size), label).parse();
+  auto header = detail::npy_header_parser(std::string_view(chars + header_begin, header_size), label).parse();
+  if (header.fortran_order) fail("fortran_order", "C order (fortran_order False)", "Fortran order");
+  return {std::move(header), header_begin + header_size};
+}
 
+// The data of a checked layout: exactly shape's elements of element_size bytes.
+inline void require_npy_data(const std::vector<std::byte>& bytes, const npy_layout& layout, std::size_t element_size,
+                             std::string_view type_name, const std::string& label) {
+  const auto& shape = layout.header.shape;
+  const auto count = checked_element_count(shape, "read_npy", label + ": shape " + shape_string(shape));
+  const std::uint64_t expected_size = checked_bytes(count, element_size, "read_npy", label + ": shape");
+  const std::size_t data_size = bytes.size() - layout.data_begin;
+  require(data_size == expected_size, "read_npy", label + ": data",
+          std::to_string(expected_size) + " bytes for shape " + shape_string(shape) + " of " + std::string(type_name),
+          std::to_string(data_size) + " bytes");
+}
+
+}  // namespace detail
+
+// Takes the file's bytes by value: the data moves into the tensor without a copy.
+inline stored_tensor parse_npy(std::vector<std::byte> bytes, const std::string& label) {
+  auto fail = [&](const std::string& what, const std::string& expected, const std::string& got) {
+    throw input_error("read_npy", label + ": " + what, expected, got);
+  };
+  const auto layout = detail::read_npy_layout(bytes, label);
+  const auto& header = layout.header;
   stored_tensor t;
   if (header.descr == "<f8")
     t.type = dtype::f64;
@@ -197,22 +231,49 @@ inline stored_tensor parse_npy(std::vector<std::byte> bytes, const std::string& 
     fail("descr", "little-endian data ('<f4' or '<f8')", "big-endian '" + header.descr + "'");
   else
     fail("descr", "dtype '<f4' (float32) or '<f8' (float64)", "'" + header.descr + "'");
-  if (header.fortran_order) fail("fortran_order", "C order (fortran_order False)", "Fortran order");
   t.shape = header.shape;
-  const auto count = checked_element_count(t.shape, where, label + ": shape " + shape_string(t.shape));
-  const std::size_t data_begin = header_begin + header_size, data_size = bytes.size() - data_begin;
-  const std::uint64_t expected_size = checked_bytes(count, size_of(t.type), where, label + ": shape");
-  if (data_size != expected_size)
-    fail("data", std::to_string(expected_size) + " bytes for shape " + shape_string(t.shape) + " of " +
-                     std::string(dtype_name(t.type)),
-         std::to_string(data_size) + " bytes");
-  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(data_begin));  // in place, no reallocation
+  detail::require_npy_data(bytes, layout, size_of(t.type), dtype_name(t.type), label);
+  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(layout.data_begin));  // in place, no reallocation
   t.bytes = std::move(bytes);
   return t;
 }
 
 inline stored_tensor read_npy(const std::filesystem::path& path) {
   return parse_npy(read_file_bytes(path, "read_npy"), path.string());
+}
+
+// Token ids [B, N] from an .npy of int32 or int64 ('<i4', '<i8'), each in [0, vocab_size).
+inline Tensor<token_t, 2> parse_npy_tokens(const std::vector<std::byte>& bytes, const std::string& label,
+                                           index_t vocab_size) {
+  constexpr std::string_view where = "read_npy";
+  const auto layout = detail::read_npy_layout(bytes, label);
+  const auto& header = layout.header;
+  require(header.descr == "<i4" || header.descr == "<i8", where, label + ": descr",
+          "token ids as int32 or int64 ('<i4' or '<i8')", "'" + header.descr + "'");
+  const std::size_t width = header.descr == "<i8" ? 8 : 4;
+  require(header.shape.size() == 2 && header.shape[0] > 0 && header.shape[1] > 0, where, label + ": shape",
+          "token ids [B, N], B and N at least 1", "shape " + shape_string(header.shape));
+  detail::require_npy_data(bytes, layout, width, width == 8 ? "int64" : "int32", label);
+  Tensor<token_t, 2> tokens({header.shape[0], header.shape[1]});
+  for (index_t i = 0; i < tokens.size(); ++i) {
+    std::int64_t id = 0;
+    if (width == 8) {
+      std::memcpy(&id, bytes.data() + layout.data_begin + static_cast<std::size_t>(i) * 8, 8);
+    } else {
+      std::int32_t narrow = 0;
+      std::memcpy(&narrow, bytes.data() + layout.data_begin + static_cast<std::size_t>(i) * 4, 4);
+      id = narrow;
+    }
+    require(id >= 0 && id < vocab_size, where, label + ": data",
+            "token ids in [0, " + std::to_string(vocab_size) + ") (the model's vocabulary)",
+            std::to_string(id) + " at flat index " + std::to_string(i));
+    tokens.data()[i] = static_cast<token_t>(id);
+  }
+  return tokens;
+}
+
+inline Tensor<token_t, 2> read_npy_tokens(const std::filesystem::path& path, index_t vocab_size) {
+  return parse_npy_tokens(read_file_bytes(path, "read_npy"), path.string(), vocab_size);
 }
 
 // The preamble and header of version 1.0, as numpy.save writes them, for data

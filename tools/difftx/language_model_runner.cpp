@@ -1,33 +1,45 @@
-// make_generator: LanguageModel<DecoderLayer<T, dynamic, Policy>> for each host
-// policy of the registry (policies.hpp) and each number type. Only the
-// run-time head size is instantiated: a compiled D runs the same kernels
-// (docs/benchmarks.md), and each instantiation lengthens the build.
-#include "generator.hpp"
+// make_language_model_runner: LanguageModel<DecoderLayer<T, dynamic, Policy>>
+// for each host policy of the registry (policies.hpp) and each number type.
+// Only the run-time head size is instantiated: a compiled D runs the same
+// kernels (docs/benchmarks.md), and each instantiation lengthens the build.
+#include "language_model_runner.hpp"
 
 #include <algorithm>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include <difftx/io/npy.hpp>
+
 #include "policies.hpp"
-#include "runner_impl.hpp"  // policy_threads, detail::make_policy and multihead_config
+#include "runner_impl.hpp"  // policy_threads
 
 namespace difftx::cli {
 
 namespace {
 
 template <class Model>
-class model_generator final : public generator {
+class model_runner final : public language_model_runner {
   using T = typename Model::value_type;
 
  public:
-  explicit model_generator(Model model) : model_(std::move(model)) {}
+  explicit model_runner(Model model) : model_(std::move(model)) {}
 
-  void load(const io::tensor_file& weights, const std::string& label) override {
-    io::load_parameters(model_, weights, label);
-    // In T, so a float16 overflow shows too (as `difftx run` checks).
-    for (const auto& p : model_.parameters())
-      require_finite("generate", label + ": " + p.name + " as " + std::string(scalar_traits<T>::name), p.value_view());
+  void load(const io::diffllama_checkpoint& checkpoint) override { load_from(checkpoint); }
+  void load(const io::mapped_safetensors& file) override { load_from(file); }
+
+  void forward(const Tensor<token_t, 2>& tokens) override {
+    logits_.resize(model_.output_shape(tokens.shape()), model_.policy().memory());
+    model_.forward(tokens.const_view(), logits_.view());
+    double value = 0;
+    const index_t i = difftx::detail::first_non_finite_index(logits_.data(), logits_.size(), logits_.memory(), value);
+    if (i >= 0)
+      throw input_error("run", "logits", "finite values from finite weights",
+                        std::to_string(value) + " at flat index " + std::to_string(i) + " as " +
+                            std::string(scalar_traits<T>::name) + " (the model overflows its number type)");
+  }
+  void write_logits(std::ostream& out, io::dtype type, const std::string& label) const override {
+    io::write_npy_to(out, type, logits_.const_view(), label);
   }
 
   token_t prefill(std::span<const token_t> prompt, index_t capacity) override {
@@ -50,6 +62,15 @@ class model_generator final : public generator {
   int threads() const override { return policy_threads(model_.policy()); }
 
  private:
+  template <class Source>
+  void load_from(const Source& source) {
+    io::load_parameters(model_, source);
+    // In T, so a float16 overflow shows too (as `difftx run` checks).
+    for (const auto& p : model_.parameters())
+      require_finite("load", source.label() + ": " + p.name + " as " + std::string(scalar_traits<T>::name),
+                     p.value_view());
+  }
+
   // The largest logit of the last position (the first of equal ones); a NaN
   // or an infinity there is bad input, as `difftx run` reports a non-finite output.
   token_t last_argmax() const {
@@ -73,20 +94,20 @@ class model_generator final : public generator {
 
   Model model_;
   typename Model::cache_type cache_;
-  Tensor<T, 3> logits_;  // [1, tokens of the last call, V]
+  Tensor<T, 3> logits_;  // [B, tokens of the last call, V]
 };
 
 template <class T, class Policy>
-std::unique_ptr<generator> make_model(const language_model_spec& spec) {
+std::unique_ptr<language_model_runner> make_model(const language_model_spec& spec) {
   using Layer = DecoderLayer<T, dynamic, Policy>;
-  const auto policy = detail::make_policy<Policy>(spec.layer);
+  Policy policy{};
+  if constexpr (requires { policy.threads; })
+    if (spec.threads > 0) policy.threads = spec.threads;
+  const uninitialised_parameters loaded_next;  // load() sets every parameter
   std::vector<Layer> layers;
-  layers.reserve(static_cast<std::size_t>(spec.layers));
-  for (index_t l = 0; l < spec.layers; ++l)
-    layers.emplace_back(DecoderLayerConfig{detail::multihead_config(spec.layer, l), spec.layer.ffn_dim, spec.layer.eps},
-                        policy);
-  LanguageModel<Layer> model({spec.vocab_size, spec.layer.d_model, spec.layer.eps}, std::move(layers));
-  return std::make_unique<model_generator<LanguageModel<Layer>>>(std::move(model));
+  layers.reserve(spec.layers.size());
+  for (const auto& config : spec.layers) layers.emplace_back(config, policy);
+  return std::make_unique<model_runner<LanguageModel<Layer>>>(LanguageModel<Layer>(spec.model, std::move(layers)));
 }
 
 // f(entry) for each host registry entry, in order.
@@ -97,21 +118,22 @@ void for_each_policy(F&& f) {
 
 }  // namespace
 
-bool generates_on(std::string_view policy) {
+bool runs_language_models(std::string_view policy) {
   bool found = false;
   for_each_policy([&](auto entry) { found = found || policy == decltype(entry)::policy_type::name; });
   return found;
 }
 
-std::unique_ptr<generator> make_generator(const language_model_spec& spec, std::string_view policy, io::dtype type) {
+std::unique_ptr<language_model_runner> make_language_model_runner(const language_model_spec& spec,
+                                                                  std::string_view policy, io::dtype type) {
   return with_type(type, [&]<class T>() {
-    std::unique_ptr<generator> made;
+    std::unique_ptr<language_model_runner> made;
     for_each_policy([&](auto entry) {
       using Policy = typename decltype(entry)::policy_type;
       if constexpr (Policy::template supports<T>)
         if (policy == Policy::name) made = make_model<T, Policy>(spec);
     });
-    require(made != nullptr, "make_generator", "policy",
+    require(made != nullptr, "make_language_model_runner", "policy",
             "a host policy built into difftx that computes in " + std::string(scalar_traits<T>::name),
             std::string(policy));
     return made;

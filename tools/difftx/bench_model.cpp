@@ -1,0 +1,102 @@
+// difftx bench --model: a real language model's prefill and decode speed, on
+// each policy given: a prompt of --seq random token ids in one prefill, then
+// --new-tokens greedy decode steps with the KV cache, as `difftx generate`
+// runs them. Medians over --repeats runs after a warm-up run.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <difftx/core/random.hpp>
+
+#include "commands.hpp"
+#include "language_model_runner.hpp"
+#include "model_source.hpp"
+#include "runner.hpp"  // policy_description
+
+namespace difftx::cli {
+
+namespace {
+
+struct model_timing {
+  std::string policy, description;
+  int threads = 1;
+  double prefill_ms = 0, decode_ms_per_token = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+}
+
+}  // namespace
+
+void bench_model(const model_bench_options& o) {
+  for (const auto& policy : o.policies) {
+    checked_dtype(o.dtype, policy);
+    if (!runs_language_models(policy))
+      throw CLI::ValidationError("--policy", "bench --model runs on the CPU policies; policy '" + policy +
+                                                 "' has no language model in this tool yet");
+  }
+  const auto type = *io::parse_dtype_name(o.dtype);
+  const model_source source(o.model, o.flags);
+  const auto& spec = source.spec();
+  random_stream rng(1);
+  std::vector<token_t> prompt(static_cast<std::size_t>(o.prompt_tokens));
+  for (auto& t : prompt)
+    t = static_cast<token_t>(std::min<double>(rng.uniform() * double(spec.model.vocab_size), double(spec.model.vocab_size - 1)));
+
+  std::vector<model_timing> rows;
+  for (const auto& policy : o.policies) {
+    const auto model = make_language_model_runner(spec, policy, type);
+    source.load_into(*model);
+    model_timing row{policy, policy_description(policy), model->threads()};
+    std::vector<double> prefill, decode;
+    for (int r = 0; r <= o.repeats; ++r) {  // run 0: the warm-up
+      auto start = std::chrono::steady_clock::now();
+      token_t next = model->prefill(prompt, o.prompt_tokens + o.new_tokens);
+      const double prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      start = std::chrono::steady_clock::now();
+      for (index_t step = 0; step < o.new_tokens; ++step) next = model->decode(next);
+      const double decode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      if (r == 0) continue;
+      prefill.push_back(prefill_ms);
+      decode.push_back(decode_ms / static_cast<double>(o.new_tokens));
+    }
+    row.prefill_ms = median(prefill);
+    row.decode_ms_per_token = median(decode);
+    rows.push_back(row);
+  }
+
+  const auto& a = spec.first().attention;
+  if (o.json) {
+    for (const auto& row : rows)
+      std::printf("%s\n", nlohmann::json{{"model", o.model}, {"model_kind", source.kind()},
+                                         {"layers", spec.layers.size()}, {"vocab_size", spec.model.vocab_size},
+                                         {"d_model", a.d_model}, {"heads", a.heads}, {"kv_heads", a.kv_heads},
+                                         {"head_dim", a.head_dim}, {"ffn_dim", spec.first().ffn_dim},
+                                         {"policy", row.policy}, {"policy_detail", row.description},
+                                         {"dtype", o.dtype}, {"threads", row.threads}, {"repeats", o.repeats},
+                                         {"prompt_tokens", o.prompt_tokens}, {"new_tokens", o.new_tokens},
+                                         {"prefill_ms", row.prefill_ms},
+                                         {"prefill_tokens_per_s", double(o.prompt_tokens) / row.prefill_ms * 1e3},
+                                         {"decode_ms_per_token", row.decode_ms_per_token},
+                                         {"decode_tokens_per_s", 1e3 / row.decode_ms_per_token}}
+                                  .dump()
+                                  .c_str());
+    return;
+  }
+  std::printf("difftx bench --model: %s (%s), %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td, %s; "
+              "prompt of %td tokens, then %td decode steps; median of %d runs after a warm-up\n",
+              o.model.c_str(), source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads,
+              a.kv_heads, a.head_dim, spec.first().ffn_dim, o.dtype.c_str(), o.prompt_tokens, o.new_tokens, o.repeats);
+  std::printf("%-34s %7s %12s %16s %15s %16s\n", "policy", "threads", "prefill ms", "prefill tokens/s", "decode ms/token",
+              "decode tokens/s");
+  for (const auto& row : rows)
+    std::printf("%-34s %7d %12.3f %16.1f %15.3f %16.2f\n", row.description.c_str(), row.threads, row.prefill_ms,
+                double(o.prompt_tokens) / row.prefill_ms * 1e3, row.decode_ms_per_token, 1e3 / row.decode_ms_per_token);
+}
+
+}  // namespace difftx::cli

@@ -1,0 +1,64 @@
+// A LanguageModel of DecoderLayers (modules/language_model.hpp) of any number
+// type on any host policy behind one virtual interface, so `difftx run
+// --model`, `generate` and `bench --model` choose both at run time, as
+// runner.hpp does for single modules. It loads from a Hugging Face DiffLlama
+// folder or a difftx file (model_source.hpp), computes logits for a batch of
+// token ids, and decodes one sequence greedily with the KV cache.
+#pragma once
+
+#include <memory>
+#include <ostream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <difftx/io/diffllama.hpp>
+#include <difftx/io/mapped_safetensors.hpp>
+#include <difftx/modules/decoder_layer.hpp>
+#include <difftx/modules/language_model.hpp>
+#include <difftx/ops/common.hpp>
+
+namespace difftx::cli {
+
+// What a language model is: its own config and each layer's.
+struct language_model_spec {
+  LanguageModelConfig model;
+  std::vector<DecoderLayerConfig> layers;
+  int threads = 0;  // for a policy with threads; 0 means its default
+
+  const DecoderLayerConfig& first() const { return layers.front(); }
+};
+
+class language_model_runner {
+ public:
+  virtual ~language_model_runner() = default;
+
+  // Every parameter, decoded from the file or folder into the model (every
+  // name, dtype and shape checked first by load_parameters), then every value
+  // as the model's type must be finite.
+  virtual void load(const io::diffllama_checkpoint& checkpoint) = 0;
+  virtual void load(const io::mapped_safetensors& file) = 0;
+
+  // tokens [B, N] -> logits [B, N, V], kept for write_logits; input_error
+  // naming the first NaN or infinity.
+  virtual void forward(const Tensor<token_t, 2>& tokens) = 0;
+  // The logits as an .npy of `type` (float32 or float64), converted a chunk at a time.
+  virtual void write_logits(std::ostream& out, io::dtype type, const std::string& label) const = 0;
+
+  // The cache restarts with prompt, with room for `capacity` tokens in all;
+  // returns the most likely token after the prompt.
+  virtual token_t prefill(std::span<const token_t> prompt, index_t capacity) = 0;
+  // token joins the cache; returns the most likely token after it.
+  virtual token_t decode(token_t token) = 0;
+  virtual int threads() const = 0;
+};
+
+// Policies a language model runs on: the registry's host policies (policies.hpp).
+bool runs_language_models(std::string_view policy);
+// Throws input_error for a policy that is not one of them or a config the
+// model rejects. Every head size runs on the difftx::dynamic instantiation.
+std::unique_ptr<language_model_runner> make_language_model_runner(const language_model_spec& spec,
+                                                                  std::string_view policy, io::dtype type);
+
+}  // namespace difftx::cli
