@@ -177,6 +177,12 @@ TEST_CASE("ops check their own arguments") {
   Tensor<double, 4> pairs({1, 2, 1, 4});
   expect_input_error([&] { rope_forward(policy::reference{}, pairs.view(), -1, 10000.0); }, "rope_forward", "offset",
                      ">= 0", "-1");
+  expect_input_error([&] { rope_forward(policy::reference{}, pairs.view(), 0, 10000.0, 0.0); }, "rope_forward", "factor",
+                     "linear scaling factor > 0", "0");
+  expect_input_error([&] { MultiHead<double, 2>({.d_model = 8, .heads = 2, .rope_factor = -1.0}); }, "MultiHead",
+                     "config.rope_factor", "> 0", "-1");
+  expect_input_error([&] { MultiHead<double, 2>({.d_model = 8, .heads = 2, .subln_eps = 0.0}); }, "MultiHead",
+                     "config.subln_eps", "eps > 0", "0");
   Tensor<double, 2> x({3, 4}), w({5, 6}), y({3, 5});
   expect_input_error([&] { linear_forward(policy::reference{}, x.view(), w.view(), y.view()); }, "linear_forward", "w",
                      "[N, 4]", "[5, 6]");

@@ -225,6 +225,10 @@ TEST_CASE("a checkpoint of the wrong shape fails on every rank and changes nothi
   io::store_parameters(file, smaller, io::dtype::f32);
   io::tensor_file before;
   io::store_parameters(before, parallel, io::dtype::f32, world());
+  // The file records its architecture: the head count differs. Without the record, the shapes do.
+  expect_input_error([&] { io::load_parameters(parallel, file, "small.safetensors"); }, "load_parameters",
+                     "attn.heads", "4 (the module's)", "2");
+  file.metadata.clear();
   expect_input_error([&] { io::load_parameters(parallel, file, "small.safetensors"); }, "load_parameters",
                      "attn.q_proj.weight", "shape [64, 32] in small.safetensors", "shape [32, 32]");
   io::tensor_file after;

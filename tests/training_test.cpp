@@ -140,7 +140,7 @@ TEST_CASE("LanguageModel: cross-entropy gradient of every parameter in both mode
   // V = 7, C = 8, two layers; differential: 2 heads of 2 x 2, baseline: 4 heads of 2.
   const auto tokens = tokens_of({2, 5}, {0, 3, 6, 3, 1, 2, 2, 5, 4, 0});
   const auto targets = tokens_of({2, 5}, {3, -1, 3, 1, 2, -1, 5, 4, 0, 6});
-  auto check_model = [&](auto model, const std::string& label) {
+  auto check_model = [&](auto model, const std::string& label, double step = 0) {
     using Model = decltype(model);
     randomise_parameters(model, 11);
     CrossEntropyLoss<double> ce;
@@ -159,20 +159,30 @@ TEST_CASE("LanguageModel: cross-entropy gradient of every parameter in both mode
     };
     testing::gradcheck_options options;
     options.max_entries_per_tensor = 12;
+    options.step = step;
     const auto result = testing::gradcheck<double>(parameter_variables(model), loss, gradients, options);
     INFO(label << "\n" << result.report());
     MESSAGE(label << ": worst " << result.worst_error() << " at " << result.where());
     CHECK(result.worst_error() < gradcheck_tolerance);
     CHECK(result.passed());
   };
-  std::vector<DecoderLayer<double, 2>> diff;
+  std::vector<DecoderLayer<double, 2>> diff, tied;
   std::vector<BaselineLayer<double, 2>> base;
   for (index_t l = 0; l < 2; ++l) {
     diff.emplace_back(DecoderLayerConfig{{.d_model = 8, .heads = 2, .layer_index = l}, 12});
     base.emplace_back(BaselineLayerConfig{{.d_model = 8, .heads = 4}, 12});
+    // As a DiffLlama checkpoint may be: linear RoPE scaling, its own subln eps, the head tied to the embedding.
+    tied.emplace_back(DecoderLayerConfig{{.d_model = 8, .heads = 2, .layer_index = l, .rope_factor = 2.5, .subln_eps = 1e-2}, 12});
   }
   check_model(LanguageModel<DecoderLayer<double, 2>>({7, 8}, std::move(diff)), "LanguageModel<DecoderLayer>");
   check_model(LanguageModel<BaselineLayer<double, 2>>({7, 8}, std::move(base)), "LanguageModel<BaselineLayer>");
+  check_model(LanguageModel<DecoderLayer<double, 2>>({.vocab_size = 7, .d_model = 8, .tie_word_embeddings = true},
+                                                     std::move(tied)),
+              "LanguageModel<DecoderLayer>, tied, rope_factor 2.5, subln_eps 1e-2",
+              // A tied table's entries enter twice (the lookup and the head), so the loss's fifth derivative in
+              // them is large: at the default step (eps^(1/5), 7e-4) the five-point stencil's truncation error
+              // alone was 1.4e-6 relative; at 1e-4 it is 7^4 = 2400x smaller and rounding stays near 1e-12.
+              1e-4);
 }
 
 TEST_CASE("LanguageModel: policy::simd in float matches the reference in double") {

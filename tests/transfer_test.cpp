@@ -109,12 +109,12 @@ void linear_backward(const fake_device&, cview<T, 2> x, cview<T, 2> w, cview<T, 
   on_host([](auto... a) { linear_backward(policy::reference{}, a...); }, x, w, dy, dx, dw, dx_mode);
 }
 template <Scalar T>
-void rope_forward(const fake_device&, TensorView<T, 4> x, index_t offset, double theta) {
-  on_host([](auto... a) { rope_forward(policy::reference{}, a...); }, x, offset, theta);
+void rope_forward(const fake_device&, TensorView<T, 4> x, index_t offset, double theta, double factor) {
+  on_host([](auto... a) { rope_forward(policy::reference{}, a...); }, x, offset, theta, factor);
 }
 template <Scalar T>
-void rope_backward(const fake_device&, TensorView<T, 4> dx, index_t offset, double theta) {
-  on_host([](auto... a) { rope_backward(policy::reference{}, a...); }, dx, offset, theta);
+void rope_backward(const fake_device&, TensorView<T, 4> dx, index_t offset, double theta, double factor) {
+  on_host([](auto... a) { rope_backward(policy::reference{}, a...); }, dx, offset, theta, factor);
 }
 template <int Maps, Scalar T>
 void attention_forward(const fake_device&, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, cview<accum_t<T>, 1> lambda,

@@ -41,14 +41,15 @@ index_t layer_count(const shape_table& weights, const std::string& label) {
   return layers;
 }
 
-// V and C from embed_tokens.weight [V, C].
-shape_t<2> embedding_shape(const shape_table& weights, const std::string& label) {
+// V, from embed_tokens.weight [V, C] with C the layers' width (from layer 0's q_proj).
+index_t vocabulary(const shape_table& weights, const std::string& label, index_t width) {
   const auto it = weights.find("embed_tokens.weight");
   if (it == weights.end()) throw io::detail::missing_tensor(where, "embed_tokens.weight", label, weights.size());
   const auto& shape = it->second.shape;
-  require(shape.size() == 2 && shape[0] > 0 && shape[1] > 0, where, label + ": embed_tokens.weight",
-          "shape [V, C], both at least 1", "shape " + shape_string(shape));
-  return {shape[0], shape[1]};
+  require(shape.size() == 2 && shape[0] > 0 && shape[1] == width, where, label + ": embed_tokens.weight",
+          "shape [V, " + std::to_string(width) + "] with V >= 1 (C from layers.0.attn.q_proj.weight)",
+          "shape " + shape_string(shape));
+  return shape[0];
 }
 
 // A file without an architecture in its metadata (written elsewhere): the
@@ -59,10 +60,7 @@ language_model_spec spec_from_shapes(const shape_table& weights, const std::stri
   const module_spec given{.kind = "decoder_layer", .heads = flags.heads, .kv_heads = flags.kv_heads,
                           .rope_theta = flags.rope_theta.value_or(10000.0), .eps = flags.eps.value_or(1e-5)};
   const auto layer = spec_from_weights(given, weights, label, where, "layers.0.");
-  const auto [vocab, width] = embedding_shape(weights, label);
-  require(width == layer.d_model, where, label + ": embed_tokens.weight",
-          "shape [V, " + std::to_string(layer.d_model) + "] (C from layers.0.attn.q_proj.weight)",
-          "shape " + shape_string(shape_t<2>{vocab, width}));
+  const index_t vocab = vocabulary(weights, label, layer.d_model), width = layer.d_model;
   language_model_spec spec{.model = {.vocab_size = vocab, .d_model = width, .eps = layer.eps}};  // untied: lm_head.weight
   for (index_t i = 0, n = layer_count(weights, label); i < n; ++i)
     spec.layers.push_back({.attention = {.d_model = width, .heads = layer.heads, .kv_heads = layer.kv_heads,
@@ -97,7 +95,11 @@ language_model_spec spec_from_architecture(const std::map<std::string, std::stri
             "a whole number in [1, 2^24]", text(key));
     return static_cast<index_t>(v);
   };
-  const auto [vocab, width] = embedding_shape(weights, label);
+  const auto q = weights.find("layers.0.attn.q_proj.weight");
+  if (q == weights.end()) throw io::detail::missing_tensor(where, "layers.0.attn.q_proj.weight", label, weights.size());
+  require(q->second.shape.size() == 2, where, label + ": layers.0.attn.q_proj.weight", "shape [2hD, C]",
+          "shape " + shape_string(q->second.shape));
+  const index_t width = q->second.shape[1], vocab = vocabulary(weights, label, width);
   language_model_spec spec{.model = {.vocab_size = vocab, .d_model = width, .eps = number("norm.eps"),
                                      .tie_word_embeddings = text("tie_word_embeddings") == "true"}};
   for (index_t i = 0, n = count("layers"); i < n; ++i) {
@@ -113,9 +115,9 @@ language_model_spec spec_from_architecture(const std::map<std::string, std::stri
                                          .kv_heads = count(p + "attn.kv_heads"),
                                          .layer_index = static_cast<index_t>(number(p + "attn.layer_index")),
                                          .rope_theta = number(p + "attn.rope_theta"),
-                                         .rope_factor = number(p + "attn.rope_factor"),
                                          .causal = text(p + "attn.causal") == "true",
                                          .head_dim = count(p + "attn.head_dim"),
+                                         .rope_factor = number(p + "attn.rope_factor"),
                                          .subln_eps = number(p + "attn.subln.eps")},
                            .ffn_dim = gate->second.shape[0],
                            .eps = eps});
@@ -154,7 +156,7 @@ model_source::model_source(const std::filesystem::path& path, const model_flags&
   } else {
     file_.emplace(path);
     const auto shapes = shapes_of(*file_);
-    if (file_->metadata().count("layers")) {
+    if (file_->metadata().count(architecture_marker)) {
       spec_ = spec_from_architecture(file_->metadata(), shapes, file_->label());
       require_flags_agree(flags, spec_, path.string());
     } else {

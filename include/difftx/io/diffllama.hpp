@@ -174,6 +174,7 @@ class diffllama_checkpoint {
     std::vector<DecoderLayerConfig> layers;
     for (index_t i = 0; i < config_.layers; ++i) layers.push_back(config_.layer(i));
     describe_architecture(file.metadata, "", config_.language_model(), std::span<const DecoderLayerConfig>(layers));
+    file.metadata[architecture_marker] = architecture_version;
     return file;
   }
 
@@ -242,6 +243,7 @@ inline diffllama_config diffllama_config_of(const tensor_file& file, const std::
   };
   auto shape = [&](const std::string& name) { return file.at(name, where, label).shape; };
 
+  meta(architecture_marker);
   diffllama_config c;
   c.layers = count("layers");
   require(c.layers >= 1, where, label + ": __metadata__.layers", "at least one layer", meta("layers"));

@@ -50,8 +50,8 @@ struct diffllama_config {
   // Layer i (0-based, as transformers counts it for lambda_init).
   DecoderLayerConfig layer(index_t i) const {
     return {.attention = {.d_model = hidden_size, .heads = heads(), .kv_heads = groups(), .layer_index = i,
-                          .rope_theta = rope_theta, .rope_factor = rope_factor, .causal = true,
-                          .head_dim = head_dim, .subln_eps = rms_norm_eps},
+                          .rope_theta = rope_theta, .causal = true, .head_dim = head_dim,
+                          .rope_factor = rope_factor, .subln_eps = rms_norm_eps},
             .ffn_dim = intermediate_size,
             .eps = rms_norm_eps};
   }

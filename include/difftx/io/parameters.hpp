@@ -41,11 +41,12 @@ concept tensor_source = requires(const Source& source, const std::string& name, 
 // shapes and keeps its rank's rows or columns of each split parameter.
 // Throws input_error("load_parameters", key, ...) where the file's metadata
 // says another value for a key of the module's architecture (describe(module,
-// prefix)); keys the file does not have are not checked (files written
-// elsewhere have none).
+// prefix)). Only a file difftx wrote (architecture_marker) is checked, and
+// only the keys it has.
 template <class Module>
 void require_architecture(const Module& module, const std::map<std::string, std::string>& metadata,
                           std::string_view label, const std::string& prefix) {
+  if (!metadata.count(architecture_marker)) return;
   for (const auto& [key, value] : describe(module, prefix))
     if (const auto it = metadata.find(key); it != metadata.end())
       require(same_architecture_value(value, it->second), "load_parameters", key,
@@ -132,6 +133,7 @@ template <class Module>
 void store_parameters(tensor_file& file, Module& module, dtype type, const std::string& prefix = "") {
   detail::store_each(file, module, type, prefix, [](const auto& p) { return detail::whole_values(p, [](const auto& q) { return q.value; }); });
   for (auto& [key, value] : describe(module, prefix)) file.metadata[key] = std::move(value);
+  file.metadata[architecture_marker] = architecture_version;
 }
 
 // file[prefix + name] = each parameter's gradient, stored as `type`.

@@ -4,7 +4,8 @@
 // "layers.3.attn.heads"). io::store_parameters writes it into a model file's
 // __metadata__ and io::load_parameters checks a file's against the module, so
 // a file saved from layer 3 does not load silently into a module built as
-// layer 0; the difftx tool reads it to build the model a file holds.
+// layer 0; the difftx tool reads it to build the model a file holds. Files
+// carry it with architecture_marker beside it.
 //
 // A module describes itself with describe_architecture(architecture&, prefix)
 // where it has such constants; describe(module) collects it, empty for a
@@ -21,6 +22,12 @@
 namespace difftx {
 
 using architecture = std::map<std::string, std::string>;
+
+// The key that marks a file's architecture as difftx's (its value: the
+// format's version): other writers' metadata may use the same words ("heads",
+// "causal") in their own ways, so only a file with this key is checked.
+inline constexpr const char* architecture_marker = "difftx.architecture";
+inline constexpr const char* architecture_version = "1";
 
 // The text of a value: integers in decimal, doubles in their shortest form
 // that reads back to the same double, booleans as true/false.

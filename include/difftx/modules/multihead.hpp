@@ -27,10 +27,10 @@ struct MultiHeadConfig {
   index_t kv_heads = 0;     // g key/value groups; 0 means g = h
   index_t layer_index = 0;  // l, sets lambda_init = 0.8 - 0.6 exp(-0.3 l)
   double rope_theta = 10000.0;
-  double rope_factor = 1.0;  // linear RoPE scaling: positions divided by it (transformers' rope_type "linear")
   bool causal = true;
-  index_t head_dim = 0;     // D; 0 means the compiled D (needed where D is difftx::dynamic)
-  double subln_eps = 1e-5;  // of the per-head RMSNorm (DiffLlama checkpoints: their rms_norm_eps)
+  index_t head_dim = 0;      // D; 0 means the compiled D (needed where D is difftx::dynamic)
+  double rope_factor = 1.0;  // linear RoPE scaling: positions divided by it (transformers' rope_type "linear")
+  double subln_eps = 1e-5;   // of the per-head RMSNorm (DiffLlama checkpoints: their rms_norm_eps)
 };
 
 // modules/architecture.hpp: what a MultiHead's weight shapes do not say (c with its head_dim resolved).
