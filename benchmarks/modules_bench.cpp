@@ -7,7 +7,9 @@
 // benchmarks/peer_pytorch.py runs this binary and PyTorch side by side.
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -372,6 +374,25 @@ void register_bf16_products() {
 #endif
 }
 
+// The machine's read bandwidth: a 1 GiB buffer (far past every cache) summed by
+// OMP_NUM_THREADS threads, as 64-bit integers so the sum vectorises. Decoding
+// reads every weight once per token: bytes per token over this rate is its bound.
+void read_bandwidth(benchmark::State& state) {
+  const std::size_t count = std::size_t{1} << 27;  // 1 GiB of 8-byte words
+  std::vector<std::uint64_t> words(count);
+#pragma omp parallel for schedule(static)
+  for (std::size_t i = 0; i < count; ++i) words[i] = i;  // each thread faults in the pages it will read
+  std::uint64_t total = 0;
+  for (auto _ : state) {
+    std::uint64_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (std::size_t i = 0; i < count; ++i) sum += words[i];
+    total += sum;
+    benchmark::DoNotOptimize(total);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * count * sizeof(std::uint64_t)));
+}
+
 // Eigen's single-precision GEMM at a square size: the rate the kernels are measured against.
 void eigen_sgemm(benchmark::State& state) {
   const auto n = static_cast<Eigen::Index>(state.range(0));
@@ -386,6 +407,7 @@ void eigen_sgemm(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  benchmark::RegisterBenchmark("read_bandwidth", read_bandwidth)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("eigen_sgemm", eigen_sgemm)->Arg(1024)->Arg(2048)->UseRealTime()->Unit(benchmark::kMillisecond);
   register_token_ops<float, policy::simd>("simd", "float32", {2048});
   register_token_ops<Eigen::bfloat16, policy::simd>("simd", "bfloat16", {2048});
