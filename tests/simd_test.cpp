@@ -206,10 +206,11 @@ void check_bf16_pairs_everywhere() {
   using simd_detail::a_storage, simd_detail::b_storage;
   // Micro-panels of rows and columns with a ragged end (M, N below, at and
   // past them), depth slices of 128 pairs, odd depths (a zero pads the last
-  // pair) and none, several row blocks per thread (M = 200), and B's column
-  // blocks (K = 1031 fits 15 panels of 32 in a block: N = 500 needs two).
+  // pair) and none, several row blocks per thread (M = 200), and several
+  // column blocks of B: by C's budget (1344 columns) and by B's (2²⁰ words,
+  // 3 panels of 32 at 8251 pairs).
   for (auto [M, N, K] : {std::array<index_t, 3>{133, 261, 531}, {67, 17, 1030}, {5, 3, 1}, {1, 300, 77},
-                         {13, 64, 2}, {200, 33, 40}, {30, 500, 1031}, {4, 7, 0}})
+                         {13, 64, 2}, {200, 33, 40}, {4, 7, 0}, {5, 1400, 41}, {3, 100, 16501}})
     for (bool accumulate : {false, true}) {
       check_bf16_pairs<a_storage::rows, b_storage::columns, Kernel>(M, N, K, accumulate);
       check_bf16_pairs<a_storage::rows, b_storage::rows, Kernel>(M, N, K, accumulate);

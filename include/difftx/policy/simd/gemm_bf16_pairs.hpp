@@ -37,11 +37,14 @@ using pair_word = std::uint32_t;
 inline pair_word bf16_bits(Eigen::bfloat16 x) noexcept { return Eigen::numext::bit_cast<std::uint16_t>(x); }
 
 // Blocking. A micro-kernel call covers at most pair_slice pairs of depths,
-// so that B's micro-panel slice it sweeps again for every MR rows of A (NR
-// words a pair: 16 KB at NR = 32) stays in L1. Each thread packs A in blocks
-// of up to pair_block_rows rows (their slice, 48 KB, and C's float block stay
-// in L2); B's shared column block holds at most pair_b_words words (1 MiB).
-constexpr index_t pair_slice = 128, pair_block_rows = 96, pair_b_words = index_t{1} << 18;
+// so that the slice of B's micro-panel it sweeps again for every MR rows of A
+// (NR words a pair: 16 KB at NR = 32) stays in L1. Each thread packs A in
+// blocks of up to pair_block_rows rows (a slice of them is 48 KB, in L2).
+// B's shared column block holds at most pair_b_words words (4 MiB, read from
+// L3: at the Linear shapes of the benchmarks all of B, so that A is packed
+// once), and C's float block at most pair_c_floats (512 KiB, mostly in L2).
+constexpr index_t pair_slice = 128, pair_block_rows = 96;
+constexpr index_t pair_b_words = index_t{1} << 20, pair_c_floats = index_t{1} << 17;
 
 // C = (C +) A · B, Kernel's packing and micro-kernel (avx512_bf16_pairs; the
 // tests also run the blocking with a scalar model of the instruction).
@@ -55,7 +58,8 @@ void bf16_pair_gemm(const policy::simd& p, index_t M, index_t N, index_t K, cons
   const index_t pairs = (K + 1) / 2;
   // B's column blocks: as few as the budget allows, of equal width in whole panels.
   const index_t panels = (N + NR - 1) / NR;
-  const index_t max_block_panels = std::max<index_t>(1, pair_b_words / (std::max<index_t>(pairs, 1) * NR));
+  const index_t max_block_panels = std::max<index_t>(
+      1, std::min(pair_b_words / (std::max<index_t>(pairs, 1) * NR), pair_c_floats / (pair_block_rows * NR)));
   const index_t col_blocks = (panels + max_block_panels - 1) / max_block_panels;
   const index_t nc = (panels + col_blocks - 1) / col_blocks * NR;
   // A's row blocks: at least one per thread.
