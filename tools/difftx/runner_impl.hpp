@@ -153,6 +153,12 @@ class module_runner final : public runner {
   }
 
   int threads() const override { return policy_threads(module_.policy()); }
+  std::string bf16_product() const override {
+    if constexpr (std::is_same_v<T, Eigen::bfloat16> && requires { module_.policy().bf16_product_used(); })
+      return module_.policy().bf16_product_used() == difftx::policy::bf16_product::dot_instructions ? "vdpbf16ps"
+                                                                                              : "converting";
+    return "";
+  }
 
  private:
   memory_resource& memory() const { return module_.policy().memory(); }
@@ -212,12 +218,19 @@ inline MultiHeadConfig multihead_config(const module_spec& s, index_t layer_offs
           .rope_theta = s.rope_theta, .causal = s.causal, .head_dim = s.head_dim};
 }
 
-// The policy object every module of the runner gets: spec.threads, where the policy has threads.
+// The policy object every module of the runner gets: spec.threads, where the
+// policy has threads; spec.bf16_product, where it has that choice.
 template <class Policy>
 Policy make_policy(const module_spec& s) {
   Policy policy{};
   if constexpr (requires { policy.threads; })
     if (s.threads > 0) policy.threads = s.threads;
+  if constexpr (requires { policy.bf16_products; }) {
+    using path = difftx::policy::bf16_product;
+    policy.bf16_products = s.bf16_product == "converting"         ? path::converting
+                           : s.bf16_product == "dot_instructions" ? path::dot_instructions
+                                                                  : path::automatic;
+  }
   return policy;
 }
 

@@ -45,14 +45,14 @@ inline bool bf16_pair_instructions() noexcept {
 // one port where float FMAs issue on two, and the one measured there ran
 // slower than converting, so automatic stays with converting until measured.
 inline policy::bf16_product resolved_bf16_product(policy::bf16_product wanted) noexcept {
-  using enum policy::bf16_product;
-  if (wanted == converting || !bf16_pair_instructions()) return converting;
-  if (wanted == dot_instructions) return dot_instructions;
+  using path = policy::bf16_product;
+  if (wanted == path::converting || !bf16_pair_instructions()) return path::converting;
+  if (wanted == path::dot_instructions) return path::dot_instructions;
 #if DIFFTX_BF16_PAIRS
   static const bool measured_faster = __builtin_cpu_is("amd");
-  return measured_faster ? dot_instructions : converting;
+  return measured_faster ? path::dot_instructions : path::converting;
 #else
-  return converting;
+  return path::converting;
 #endif
 }
 
