@@ -24,6 +24,7 @@
 #include <difftx/io/npy.hpp>
 #include <difftx/io/parameters.hpp>
 #include <difftx/io/safetensors.hpp>
+#include <difftx/policy/simd/bf16_product.hpp>
 #include <difftx/testing/compare.hpp>
 #include <difftx/testing/tolerance.hpp>
 
@@ -475,6 +476,26 @@ TEST_CASE("cli: bench prints medians, tokens/s and GFLOP/s, and --json the promi
   CHECK(j.at("ffn_dim") == 64);
   CHECK(difftx_cli("bench --module rmsnorm --batch 1 --seq 8 --d-model 16 --json").out.find("\"forward_gflops\":null") !=
         std::string::npos);
+}
+
+TEST_CASE("cli: bench names the path of bfloat16 products, and --bf16-product chooses it") {
+  auto detail = [](const std::string& dtype, const std::string& product) {
+    const auto r = difftx_cli("bench --module swiglu --batch 1 --seq 8 --d-model 16 --json --repeats 1 --policy simd "
+                              "--dtype " + dtype + " --bf16-product " + product);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out).at("policy_detail").get<std::string>();
+  };
+  auto ends_with = [](const std::string& s, const std::string& end) {
+    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+  };
+  CHECK(ends_with(detail("bfloat16", "converting"), ", converting)"));
+  // Forced onto the instruction: it runs where the CPU has it, else the converting product does.
+  CHECK(ends_with(detail("bfloat16", "dot_instructions"),
+                  simd_detail::bf16_pair_instructions() ? ", vdpbf16ps)" : ", converting)"));
+  const auto float_detail = detail("float32", "converting");  // no such choice for float
+  CHECK(float_detail.find("converting") == std::string::npos);
+  CHECK(float_detail.find("vdpbf16ps") == std::string::npos);
+  expect_usage_error("bench --module swiglu --batch 1 --seq 8 --d-model 16 --bf16-product fast", {"--bf16-product", "fast"});
 }
 
 TEST_CASE("cli: bench counts FLOPs as documented (checked by hand on small shapes)") {

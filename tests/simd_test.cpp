@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include <difftx/difftx.hpp>
 #include <difftx/policy/simd.hpp>
@@ -110,27 +111,52 @@ TEST_CASE("simd: float16 and bfloat16 linear across the product's blocks") {
 }
 
 // The bfloat16 dot-product path (gemm_bf16_pairs.hpp) against the
-// convert-while-packing product it replaces, element by element, in the three
-// layouts and both write modes, over block edges and odd depths. Both sum
+// convert-while-packing product, element by element, in the three layouts
+// and both write modes, over its blocking's edges and odd depths. Both sum
 // exact products in float, in different orders: each float result lies within
 // K·u₃₂·Σ|a·b| of the exact sum, then each is rounded to bfloat16 once, so two
 // results differ by at most 2·K·u₃₂·Σ|a·b| + one bfloat16 step of the
 // converting result (2⁻⁷·|c|, plus 2⁻¹⁴·Σ|a·b| for the second-order terms).
-// A wrong pairing or a lost panel misses by O(|c|). A scalar model of
-// vdpbf16ps runs the path's packing and blocking on every CPU; the
-// instruction itself runs where the CPU has it.
+// A wrong pairing or a lost panel misses by O(|c|). A scalar model of the
+// packing and of vdpbf16ps runs the path's blocking on every CPU; the
+// instructions themselves run where the CPU has them.
+
+// The packed layout, word by word: the first `count` rows or columns w of X,
+// X(w, p) = src[w · ld + p] when X is stored along the depth (along_k), else
+// src[p · ld + w], in ⌈count / width⌉ panels of [⌈k / 2⌉ pairs q][width]:
+// word (q, c) of panel s is X(w, 2q) | X(w, 2q + 1) << 16 for w = s · width +
+// c, zero where w ≥ count or the depth is past k.
+template <bool along_k, index_t width>
+void pack_pairs(const Eigen::bfloat16* src, index_t ld, index_t k, index_t count, simd_detail::pair_word* dst) {
+  const index_t pairs = (k + 1) / 2;
+  auto at = [&](index_t w, index_t p) -> simd_detail::pair_word {
+    return p < k ? simd_detail::bf16_bits(along_k ? src[w * ld + p] : src[p * ld + w]) : 0;
+  };
+  for (index_t s = 0; s < (count + width - 1) / width; ++s)
+    for (index_t q = 0; q < pairs; ++q)
+      for (index_t c = 0; c < width; ++c) {
+        const index_t w = s * width + c;
+        dst[(s * pairs + q) * width + c] = w < count ? at(w, 2 * q) | at(w, 2 * q + 1) << 16 : 0;
+      }
+}
+
+// The micro-kernel's arithmetic, lane by lane: vdpbf16ps adds the high halves'
+// product first.
+template <int MR, int NV>
 struct modelled_bf16_pairs {
-  static constexpr int rows = 6;
-  static constexpr index_t panel_cols = 64;
-  template <int R>
-  static void add_product(index_t pairs, const simd_detail::pair_word* a, index_t lda,
-                          const simd_detail::pair_word* panel, float* c, index_t ldc) noexcept {
+  static constexpr index_t rows = MR, cols = 16 * NV;
+  template <bool along_k, index_t width>
+  static void pack(const Eigen::bfloat16* src, index_t ld, index_t k, index_t count, simd_detail::pair_word* dst) {
+    pack_pairs<along_k, width>(src, ld, k, count, dst);
+  }
+  static void add_product(index_t pairs, const simd_detail::pair_word* a, const simd_detail::pair_word* b, float* c,
+                          index_t ldc) noexcept {
     auto half = [](simd_detail::pair_word w, int h) { return std::bit_cast<float>((w >> (16 * h) & 0xffffu) << 16); };
-    for (int r = 0; r < R; ++r)
-      for (index_t col = 0; col < panel_cols; ++col) {
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t col = 0; col < cols; ++col) {
         float sum = c[r * ldc + col];
-        for (index_t q = 0; q < pairs; ++q) {  // the instruction's order: the high half first
-          const auto x = a[r * lda + q], y = panel[q * panel_cols + col];
+        for (index_t q = 0; q < pairs; ++q) {
+          const auto x = a[q * rows + r], y = b[q * cols + col];
           sum += half(x, 1) * half(y, 1);
           sum += half(x, 0) * half(y, 0);
         }
@@ -178,9 +204,13 @@ void check_bf16_pairs(index_t M, index_t N, index_t K, bool accumulate) {
 template <class Kernel>
 void check_bf16_pairs_everywhere() {
   using simd_detail::a_storage, simd_detail::b_storage;
-  // 66-row and 128-column blocks, 64-column panels, 6-row micro-tiles, depth
-  // slices of 256, odd depths (a zero pads the last pair).
-  for (auto [M, N, K] : {std::array<index_t, 3>{133, 261, 531}, {67, 17, 1030}, {5, 3, 1}, {1, 300, 77}, {13, 64, 2}})
+  // Micro-panels of rows and columns with a ragged end (M, N below, at and
+  // past them), depth slices of 128 pairs, odd depths (a zero pads the last
+  // pair) and none, several row blocks per thread (M = 200), and several
+  // column blocks of B: by C's budget (1344 columns) and by B's (2²⁰ words,
+  // 3 panels of 32 at 8251 pairs).
+  for (auto [M, N, K] : {std::array<index_t, 3>{133, 261, 531}, {67, 17, 1030}, {5, 3, 1}, {1, 300, 77},
+                         {13, 64, 2}, {200, 33, 40}, {4, 7, 0}, {5, 1400, 41}, {3, 100, 16501}})
     for (bool accumulate : {false, true}) {
       check_bf16_pairs<a_storage::rows, b_storage::columns, Kernel>(M, N, K, accumulate);
       check_bf16_pairs<a_storage::rows, b_storage::rows, Kernel>(M, N, K, accumulate);
@@ -188,13 +218,40 @@ void check_bf16_pairs_everywhere() {
     }
 }
 
-TEST_CASE("simd: the bfloat16 dot-product path agrees with the converting product") {
-  check_bf16_pairs_everywhere<modelled_bf16_pairs>();
 #if DIFFTX_BF16_PAIRS
-  if (simd_detail::bf16_pair_instructions())
+// The vector packers against pack_pairs, word for word: depths around the
+// 16-pair transposes, counts from one to three panels with ragged ends, both
+// storage orders.
+template <bool along_k, index_t width>
+void check_packing() {
+  const index_t ld = 100;  // room for 3 panels (96 values) and 65 depths either way
+  const auto x = test_support::random_tensor<Eigen::bfloat16, 2>({ld, ld}, 24);
+  for (index_t k : {1, 2, 31, 32, 33, 64, 65})
+    for (index_t count : {index_t{1}, width / 2 + 1, width - 1, width, width + 1, 3 * width - 1}) {
+      const index_t words = (count + width - 1) / width * ((k + 1) / 2) * width;
+      std::vector<simd_detail::pair_word> vector_packed(words, 0xdeadbeef), model(words);
+      simd_detail::avx512_bf16_pairs::pack<along_k, width>(x.data(), ld, k, count, vector_packed.data());
+      pack_pairs<along_k, width>(x.data(), ld, k, count, model.data());
+      INFO((along_k ? "along the depth" : "across it") << ", width " << width << ", k " << k << ", count " << count);
+      CHECK(vector_packed == model);
+    }
+}
+#endif
+
+TEST_CASE("simd: the bfloat16 dot-product path agrees with the converting product") {
+  check_bf16_pairs_everywhere<modelled_bf16_pairs<12, 2>>();
+  check_bf16_pairs_everywhere<modelled_bf16_pairs<7, 1>>();  // micro-panels that divide no block
+#if DIFFTX_BF16_PAIRS
+  if (simd_detail::bf16_pair_instructions()) {
+    constexpr index_t MR = simd_detail::avx512_bf16_pairs::rows, NR = simd_detail::avx512_bf16_pairs::cols;
+    check_packing<true, MR>();
+    check_packing<false, MR>();
+    check_packing<true, NR>();
+    check_packing<false, NR>();
     check_bf16_pairs_everywhere<simd_detail::avx512_bf16_pairs>();
-  else
+  } else {
     MESSAGE("this CPU has no AVX512_BF16: the dot-product instruction itself was not run, only its model");
+  }
 #else
   MESSAGE("not an x86-64 GNU-compatible build: no dot-product instruction path, only its model checked");
 #endif

@@ -42,7 +42,8 @@ void bench_model(const model_bench_options& o) {
   }
   const auto type = *io::parse_dtype_name(o.dtype);
   const model_source source(o.model, o.flags);
-  const auto& spec = source.spec();
+  auto spec = source.spec();
+  spec.bf16_product = o.bf16_product;
   random_stream rng(1);
   std::vector<token_t> prompt(static_cast<std::size_t>(o.prompt_tokens));
   for (auto& t : prompt)
@@ -52,7 +53,7 @@ void bench_model(const model_bench_options& o) {
   for (const auto& policy : o.policies) {
     const auto model = make_language_model_runner(spec, policy, type);
     source.load_into(*model);
-    model_timing row{policy, policy_description(policy), model->threads()};
+    model_timing row{policy, policy_description(policy, model->bf16_product()), model->threads()};
     std::vector<double> prefill, decode;
     for (int r = 0; r <= o.repeats; ++r) {  // run 0: the warm-up
       auto start = std::chrono::steady_clock::now();

@@ -35,6 +35,7 @@ struct bench_options {
   bool baseline = false;  // V2 kinds: differential off
   index_t context = 0;
   int repeats = 10, threads = 0;
+  std::string bf16_product = "automatic";  // module_spec::bf16_product
   std::string model;  // --model: a language model's prefill and decode instead
   index_t new_tokens = 32;
 };
@@ -92,7 +93,7 @@ double median_ms(const runner& module, int repeats, const std::function<void()>&
 module_spec bench_spec(const bench_options& o) {
   module_spec s{.kind = o.module, .d_model = o.d_model, .heads = o.heads, .kv_heads = o.kv_heads,
                 .head_dim = o.head_dim, .ffn_dim = o.ffn_dim, .causal = !o.no_causal, .differential = !o.baseline,
-                .threads = o.threads};
+                .threads = o.threads, .bf16_product = o.bf16_product};
   if (o.baseline && !is_v2(s.kind))
     throw CLI::ValidationError("--baseline", "applies to multihead_v2 and decoder_layer_v2 only (the V1 baseline is "
                                              "--module attention with 2h heads)");
@@ -123,7 +124,7 @@ module_spec bench_spec(const bench_options& o) {
 
 // One policy's timings.
 struct bench_row {
-  std::string policy, description;  // "simd", "simd (fma3+avx2)"
+  std::string policy, description;  // "simd", "simd (fma3+avx2)", "simd (avx512bw, vdpbf16ps)"
   int threads = 1;
   bool compiled_head_dim = false;  // D has its own instantiation on this policy
   double forward_ms = 0, both_ms = 0;
@@ -135,7 +136,8 @@ bench_row time_policy(const bench_options& o, const module_spec& spec, const std
   auto module = make_runner(spec, policy, type);
   module->set_input(input, "random input");
   module->set_grad_output(input, "random grad_output");
-  bench_row row{.policy = policy, .description = policy_description(policy), .threads = module->threads()};
+  bench_row row{.policy = policy, .description = policy_description(policy, module->bf16_product()),
+                .threads = module->threads()};
   const auto compiled = compiled_head_dims(policy);
   row.compiled_head_dim =
       !is_v2(spec.kind) && std::find(compiled.begin(), compiled.end(), spec.head_dim) != compiled.end();  // V2: dynamic only
@@ -270,6 +272,12 @@ void add_bench_command(CLI::App& app) {
   add_policies_option(*cmd, o->policies);
   add_dtype_option(*cmd, o->dtype);
   add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
+  cmd->add_option("--bf16-product", o->bf16_product,
+                  "simd, bfloat16: what the matrix products run on; automatic takes the CPU's bfloat16 dot-product "
+                  "instruction (vdpbf16ps) where it was measured faster than converting to float (AMD Zen 4 and "
+                  "later), converting and dot_instructions force one (the policy column names the one that ran)")
+      ->check(CLI::IsMember({"automatic", "converting", "dot_instructions"}))
+      ->capture_default_str();
   auto* batch = cmd->add_option("--batch", o->batch, "batch size B")->check(count_in(1));
   auto* seq = cmd->add_option("--seq", o->seq, "sequence length N (needed unless --decode; --model: the prompt, "
                                                "default 128)")->check(count_in(1));
@@ -324,7 +332,7 @@ void add_bench_command(CLI::App& app) {
       exit_codes_help);
   cmd->callback([o, heads, kv_heads] {
     if (!o->model.empty())
-      return bench_model({.model = o->model, .dtype = o->dtype, .policies = o->policies,
+      return bench_model({.model = o->model, .dtype = o->dtype, .policies = o->policies, .bf16_product = o->bf16_product,
                           .flags = {.heads = heads->count() ? o->heads : 0, .kv_heads = kv_heads->count() ? o->kv_heads : 0,
                                     .threads = o->threads},
                           .prompt_tokens = o->seq ? o->seq : 128, .new_tokens = o->new_tokens, .repeats = o->repeats,

@@ -12,7 +12,7 @@
 #include <difftx/io/npy.hpp>
 
 #include "policies.hpp"
-#include "runner_impl.hpp"  // policy_threads
+#include "runner_impl.hpp"  // policy_threads, bf16_product_of, detail::make_policy
 
 namespace difftx::cli {
 
@@ -60,6 +60,7 @@ class model_runner final : public language_model_runner {
   }
 
   int threads() const override { return policy_threads(model_.policy()); }
+  std::string bf16_product() const override { return bf16_product_of<T>(model_.policy()); }
 
  private:
   template <class Source>
@@ -100,9 +101,7 @@ class model_runner final : public language_model_runner {
 template <class T, class Policy>
 std::unique_ptr<language_model_runner> make_model(const language_model_spec& spec) {
   using Layer = DecoderLayer<T, dynamic, Policy>;
-  Policy policy{};
-  if constexpr (requires { policy.threads; })
-    if (spec.threads > 0) policy.threads = spec.threads;
+  const auto policy = detail::make_policy<Policy>({.threads = spec.threads, .bf16_product = spec.bf16_product});
   const uninitialised_parameters loaded_next;  // load() sets every parameter
   std::vector<Layer> layers;
   layers.reserve(spec.layers.size());

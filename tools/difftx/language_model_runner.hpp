@@ -26,6 +26,7 @@ struct language_model_spec {
   LanguageModelConfig model;
   std::vector<DecoderLayerConfig> layers;
   int threads = 0;  // for a policy with threads; 0 means its default
+  std::string bf16_product = "automatic";  // simd: module_spec::bf16_product
 
   const DecoderLayerConfig& first() const { return layers.front(); }
 };
@@ -52,6 +53,8 @@ class language_model_runner {
   // token joins the cache; returns the most likely token after it.
   virtual token_t decode(token_t token) = 0;
   virtual int threads() const = 0;
+  // The path of bfloat16 matrix products ("vdpbf16ps", "converting"), "" where none applies.
+  virtual std::string bf16_product() const = 0;
 };
 
 // Policies a language model runs on: the registry's host policies (policies.hpp).

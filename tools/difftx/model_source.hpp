@@ -57,6 +57,7 @@ class model_source {
 struct model_bench_options {
   std::string model, dtype;
   std::vector<std::string> policies;
+  std::string bf16_product = "automatic";  // simd, bfloat16: module_spec::bf16_product
   model_flags flags;
   index_t prompt_tokens = 128, new_tokens = 32;
   int repeats = 10;

@@ -69,17 +69,17 @@ std::vector<index_t> compiled_head_dims(std::string_view policy) {
   return dims;
 }
 
-std::string policy_description(std::string_view policy) {
+std::string policy_description(std::string_view policy, const std::string& detail) {
 #if defined(DIFFTX_CLI_CUDA)
   if (is_cuda(policy)) return cuda_policy::description();
 #endif
-  std::string description(policy);
+  std::string description(policy), in_parentheses = detail;
   for_each_policy([&](auto entry) {
     using Policy = typename decltype(entry)::policy_type;
     if constexpr (requires { Policy::instruction_set(); })
-      if (policy == Policy::name) description += std::string(" (") + Policy::instruction_set() + ")";
+      if (policy == Policy::name) in_parentheses = Policy::instruction_set() + (detail.empty() ? "" : ", " + detail);
   });
-  return description;
+  return in_parentheses.empty() ? description : description + " (" + in_parentheses + ")";
 }
 
 bool computes_in(std::string_view policy, io::dtype type) {

@@ -29,6 +29,9 @@ struct module_spec {
   bool causal = true;
   bool differential = true;  // V2 only: false is the authors' matched baseline (h query heads, no lambda_proj)
   int threads = 0;  // for a policy with threads; 0 means its default
+  // simd: the path of bfloat16 matrix products, policy::simd::bf16_products
+  // by name (automatic, converting, dot_instructions).
+  std::string bf16_product = "automatic";
 };
 
 // The module kinds `difftx run` and `difftx bench` take (decoder_stack is the check's).
@@ -79,6 +82,10 @@ class runner {
   // needs: the host clock, or device events read after the device is done.
   virtual double elapsed_ms(const std::function<void()>& work) const = 0;
   virtual int threads() const = 0;
+  // What this runner's bfloat16 matrix products run on ("vdpbf16ps" or
+  // "converting": to float while packed), or "" where that is not a choice
+  // (other types and policies).
+  virtual std::string bf16_product() const { return ""; }
 };
 
 // The registry (policies.hpp, and cuda where DIFFTX_CLI_CUDA is on), by name.
@@ -90,8 +97,9 @@ std::string unavailable_reason(std::string_view policy);
 // runs on the difftx::dynamic one (the same kernels).
 std::vector<index_t> compiled_head_dims(std::string_view policy);
 // "simd (avx512bw)" for a policy that reports its instruction set, "cuda
-// (NVIDIA H100 80GB HBM3, sm_90)" for the device, else the name.
-std::string policy_description(std::string_view policy);
+// (NVIDIA H100 80GB HBM3, sm_90)" for the device, else the name; a non-empty
+// `detail` joins the parentheses ("simd (avx512bw, vdpbf16ps)").
+std::string policy_description(std::string_view policy, const std::string& detail = "");
 bool computes_in(std::string_view policy, io::dtype type);
 
 // Throws input_error for a policy that is not built or a module config it

@@ -46,6 +46,15 @@ int policy_threads([[maybe_unused]] const Policy& policy) {
   return 1;
 }
 
+// "vdpbf16ps" or "converting": the path a bfloat16 model's matrix products
+// take on policy (simd's bf16_products, resolved for this CPU); "" otherwise.
+template <class T, class Policy>
+std::string bf16_product_of(const Policy& policy) {
+  if constexpr (std::is_same_v<T, Eigen::bfloat16> && requires { policy.bf16_product_used(); })
+    return policy.bf16_product_used() == difftx::policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
+  return "";
+}
+
 template <class Module>
 class module_runner final : public runner {
   using T = typename Module::value_type;
@@ -153,6 +162,7 @@ class module_runner final : public runner {
   }
 
   int threads() const override { return policy_threads(module_.policy()); }
+  std::string bf16_product() const override { return bf16_product_of<T>(module_.policy()); }
 
  private:
   memory_resource& memory() const { return module_.policy().memory(); }
@@ -212,12 +222,19 @@ inline MultiHeadConfig multihead_config(const module_spec& s, index_t layer_offs
           .rope_theta = s.rope_theta, .causal = s.causal, .head_dim = s.head_dim};
 }
 
-// The policy object every module of the runner gets: spec.threads, where the policy has threads.
+// The policy object every module of the runner gets: spec.threads, where the
+// policy has threads; spec.bf16_product, where it has that choice.
 template <class Policy>
 Policy make_policy(const module_spec& s) {
   Policy policy{};
   if constexpr (requires { policy.threads; })
     if (s.threads > 0) policy.threads = s.threads;
+  if constexpr (requires { policy.bf16_products; }) {
+    using path = difftx::policy::bf16_product;
+    policy.bf16_products = s.bf16_product == "converting"         ? path::converting
+                           : s.bf16_product == "dot_instructions" ? path::dot_instructions
+                                                                  : path::automatic;
+  }
   return policy;
 }
 

@@ -179,11 +179,9 @@ void converted_gemm(const policy::simd& p, index_t M, index_t N, index_t K, cons
 }
 
 // C[M, N] (=|+=) A[M, K] · B[K, N] for float16/bfloat16 storage: a few rows
-// of x · wᵀ as matrix-vector products, the rest converted while packed. The
-// bfloat16 dot-product path (gemm_bf16_pairs.hpp) is not chosen here: on the
-// one CPU with the instruction it has been timed on (a Xeon with
-// AVX512_BF16, docs/benchmarks.md) it ran at half the converting product's
-// speed, and a path is selected only where it was measured faster.
+// of x · wᵀ as matrix-vector products; bfloat16 on the dot-product
+// instruction where the policy's setting resolves to it (bf16_product.hpp);
+// the rest converted while packed.
 template <a_storage AS, b_storage BS, class T>
   requires(!std::is_same_v<T, accum_t<T>>)
 void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const T* a, index_t lda, const T* b,
@@ -191,6 +189,11 @@ void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const 
   if (M == 0 || N == 0) return;
   if constexpr (AS == a_storage::rows && BS == b_storage::columns)
     if (M <= gemv_max_rows && !accumulate && lda == K && ldb == K && ldc == N) return reduced_gemv(p, M, N, K, a, b, c);
+#if DIFFTX_BF16_PAIRS
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+    if (p.bf16_product_used() == policy::bf16_product::dot_instructions)
+      return bf16_pair_gemm<AS, BS, avx512_bf16_pairs>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
+#endif
   converted_gemm<AS, BS>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
 }
 

@@ -6,151 +6,204 @@
 //
 // vdpbf16ps multiplies pairs: lane l of the result gains x[2l]·y[2l] +
 // x[2l+1]·y[2l+1], each product exact in float. So both operands are packed
-// as 32-bit pair words along K (the depth): A as rows of words, B as panels
-// of 64 columns, word (q, j) = B(2q, j) | B(2q+1, j) << 16, K padded with a
-// zero to even. The micro-kernel is then the broadcast form of every blocked
-// GEMM (tile.hpp's), a pair of depths per step: R broadcast words of A against
-// 4 vectors of the panel, R·4 instructions of 32 multiply-adds each. Packing
-// reads any of the three layouts (x·wᵀ, dy·w, dyᵀ·x), so the forward and both
-// backward products of a bfloat16 Linear run on it.
+// as 32-bit pair words along K (the depth), word (q, w) = X(w, 2q) |
+// X(w, 2q + 1) << 16, in micro-panels [pairs][width]: A's of MR rows (one
+// word broadcast per row), B's of NR columns (NR / 16 vectors). The
+// micro-kernel keeps MR x NR of C in registers and issues MR · NR / 16
+// instructions of 32 multiply-adds per pair of depths.
 //
-// Selected at run time (bf16_pair_instructions), once per process: the same
-// binary falls back to gemm.hpp's convert-while-packing product on a CPU
-// without the instruction. Results differ from that path only in the order of
-// float additions (and in flushing subnormal inputs to zero, as the
-// instruction does): within a few float roundings, far below bfloat16's.
-// Blocking is gemm_blocks.hpp's, untuned for these machines (none was at hand).
+// Blocking (docs/design.md): B's column block is packed once, by all threads
+// together, and shared; each thread then packs a block of A's rows and runs
+// the micro-kernel over it. Packing reads any of the three layouts (x·wᵀ,
+// dy·w, dyᵀ·x), so the forward and both backward products of a bfloat16
+// Linear run on it. Chosen at run time (bf16_product.hpp).
+//
+// Results differ from the converting product only in the order of float
+// additions (and in flushing subnormal inputs to zero, as the instruction
+// does): within a few float roundings, far below bfloat16's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "difftx/policy/simd/bf16_product.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm_blocks.hpp"
-
-// 1 where the path is compiled in: x86-64 with GCC or clang, not the MSVC ABI
-// (clang-cl lacks __builtin_cpu_supports's runtime). -DDIFFTX_BF16_PAIRS=0
-// leaves it out.
-#if !defined(DIFFTX_BF16_PAIRS)
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
-#define DIFFTX_BF16_PAIRS 1
-#else
-#define DIFFTX_BF16_PAIRS 0
-#endif
-#endif
 
 namespace difftx::simd_detail {
 
 using pair_word = std::uint32_t;
 
-// Depth per packed slice: 128 pair words, so a 64-column panel is 32 KB.
-constexpr index_t pair_depth = 256;
-
 inline pair_word bf16_bits(Eigen::bfloat16 x) noexcept { return Eigen::numext::bit_cast<std::uint16_t>(x); }
 
-// A[m, k] (rows or columns storage, from its first element) as words
-// dst[i · pairs + q] = A(i, 2q) | A(i, 2q + 1) << 16, pairs = ⌈k / 2⌉, zero past k.
-template <a_storage AS>
-void pack_a_pairs(const Eigen::bfloat16* a, index_t lda, index_t m, index_t k, pair_word* dst) noexcept {
-  const index_t pairs = (k + 1) / 2, whole = k / 2;
-  auto at = [&](index_t i, index_t p) { return bf16_bits(AS == a_storage::rows ? a[i * lda + p] : a[p * lda + i]); };
-  for (index_t i = 0; i < m; ++i) {
-    for (index_t q = 0; q < whole; ++q) dst[i * pairs + q] = at(i, 2 * q) | at(i, 2 * q + 1) << 16;
-    if (whole < pairs) dst[i * pairs + whole] = at(i, k - 1);
-  }
-}
+// Blocking. A micro-kernel call covers at most pair_slice pairs of depths,
+// so that the slice of B's micro-panel it sweeps again for every MR rows of A
+// (NR words a pair: 16 KB at NR = 32) stays in L1. Each thread packs A in
+// blocks of up to pair_block_rows rows (a slice of them is 48 KB, in L2).
+// B's shared column block holds at most pair_b_words words (4 MiB, read from
+// L3: at the Linear shapes of the benchmarks all of B, so that A is packed
+// once), and C's float block at most pair_c_floats (512 KiB, mostly in L2).
+constexpr index_t pair_slice = 128, pair_block_rows = 96;
+constexpr index_t pair_b_words = index_t{1} << 20, pair_c_floats = index_t{1} << 17;
 
-// B[k, n] as panels of P columns, panel t at dst + t · pairs · P holding
-// words [pairs][P]: (q, c) = B(2q, tP + c) | B(2q + 1, tP + c) << 16, zero
-// past k and n (up to n_pad, a multiple of P). Rows storage is read along
-// its rows, columns storage along its columns: sequential reads either way.
-template <b_storage BS, index_t P>
-void pack_b_pairs(const Eigen::bfloat16* b, index_t ldb, index_t k, index_t n, index_t n_pad, pair_word* dst) noexcept {
-  const index_t pairs = (k + 1) / 2;
-  auto at = [&](index_t p, index_t j) -> pair_word {
-    if (p >= k || j >= n) return 0;
-    return bf16_bits(BS == b_storage::rows ? b[p * ldb + j] : b[j * ldb + p]);
-  };
-  auto word = [&](index_t q, index_t j) { return at(2 * q, j) | at(2 * q + 1, j) << 16; };
-  auto slot = [&](index_t q, index_t j) -> pair_word& { return dst[j / P * pairs * P + q * P + j % P]; };
-  if constexpr (BS == b_storage::rows) {
-    for (index_t q = 0; q < pairs; ++q)
-      for (index_t j = 0; j < n_pad; ++j) slot(q, j) = word(q, j);
-  } else {
-    for (index_t j = 0; j < n_pad; ++j)
-      for (index_t q = 0; q < pairs; ++q) slot(q, j) = word(q, j);
-  }
-}
-
-#if DIFFTX_BF16_PAIRS
-// Whether this CPU (and its OS, which must save the AVX-512 registers) runs
-// vdpbf16ps; asked once.
-inline bool bf16_pair_instructions() noexcept {
-  static const bool available = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512bf16");
-  return available;
-}
-
-// The micro-kernel: C[R, 64] += A[R, 2·pairs] · B[2·pairs, 64] with A as pair
-// words (row r at a + r · lda) and B one packed panel. 24 of the 32 vector
-// registers hold C at R = 6, 4 the panel's step, 1 the broadcast word.
-struct avx512_bf16_pairs {
-  static constexpr int rows = 6;
-  static constexpr index_t panel_cols = 64;
-
-  template <int R>
-  [[gnu::target("avx512f,avx512bw,avx512bf16")]] static void add_product(index_t pairs, const pair_word* a,
-                                                                          index_t lda, const pair_word* panel,
-                                                                          float* c, index_t ldc) noexcept {
-    constexpr int NV = panel_cols / 16;
-    __m512 acc[R][NV];
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_loadu_ps(c + r * ldc + v * 16);
-    for (index_t q = 0; q < pairs; ++q) {
-      __m512bh bv[NV];
-      for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(panel + q * panel_cols + v * 16);
-      for (int r = 0; r < R; ++r) {
-        const auto av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * lda + q]));
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + v * 16, acc[r][v]);
-  }
-};
-#else
-inline bool bf16_pair_instructions() noexcept { return false; }
-#endif
-
-// C = (C +) A · B over pair-packed blocks, Kernel's micro-kernel on each
-// (avx512_bf16_pairs; the tests also run the packing and blocking with a
-// scalar model of the instruction, on any CPU).
+// C = (C +) A · B, Kernel's packing and micro-kernel (avx512_bf16_pairs; the
+// tests also run the blocking with a scalar model of the instruction).
 template <a_storage AS, b_storage BS, class Kernel>
 void bf16_pair_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const Eigen::bfloat16* a, index_t lda,
                     const Eigen::bfloat16* b, index_t ldb, Eigen::bfloat16* c, index_t ldc, bool accumulate) {
   static_assert(!(AS == a_storage::columns && BS == b_storage::columns), "no product uses Aᵀ · Bᵀ");
-  constexpr index_t P = Kernel::panel_cols;
-  constexpr int R = Kernel::rows;
-  for_each_c_block(p, M, N, P, c, ldc, accumulate,
-                   [&](index_t i0, index_t j0, index_t m, index_t n, index_t n_pad, float* cb) {
-                     auto& scratch = gemm_scratch<pair_word>::local();
-                     scratch.a.resize(static_cast<std::size_t>(block_rows * pair_depth / 2));
-                     scratch.b.resize(static_cast<std::size_t>((block_cols + P) * pair_depth / 2));
-                     pair_word *ap = scratch.a.data(), *bp = scratch.b.data();
-                     for (index_t p0 = 0; p0 < K; p0 += pair_depth) {
-                       const index_t k = std::min(pair_depth, K - p0), pairs = (k + 1) / 2;
-                       pack_a_pairs<AS>(AS == a_storage::rows ? a + i0 * lda + p0 : a + p0 * lda + i0, lda, m, k, ap);
-                       pack_b_pairs<BS, P>(BS == b_storage::rows ? b + p0 * ldb + j0 : b + j0 * ldb + p0, ldb, k, n,
-                                           n_pad, bp);
-                       for (index_t j = 0; j < n_pad; j += P) {
-                         const pair_word* panel = bp + j * pairs;
-                         index_t i = 0;
-                         for (; i + R <= m; i += R)
-                           Kernel::template add_product<R>(pairs, ap + i * pairs, pairs, panel, cb + i * n_pad + j, n_pad);
-                         for (; i < m; ++i)
-                           Kernel::template add_product<1>(pairs, ap + i * pairs, pairs, panel, cb + i * n_pad + j, n_pad);
-                       }
-                     }
-                   });
+  constexpr index_t MR = Kernel::rows, NR = Kernel::cols;
+  if (M == 0 || N == 0) return;
+  auto round_up = [](index_t x, index_t to) { return (x + to - 1) / to * to; };
+  const index_t pairs = (K + 1) / 2;
+  // B's column blocks: as few as the budget allows, of equal width in whole panels.
+  const index_t panels = (N + NR - 1) / NR;
+  const index_t max_block_panels = std::max<index_t>(
+      1, std::min(pair_b_words / (std::max<index_t>(pairs, 1) * NR), pair_c_floats / (pair_block_rows * NR)));
+  const index_t col_blocks = (panels + max_block_panels - 1) / max_block_panels;
+  const index_t nc = (panels + col_blocks - 1) / col_blocks * NR;
+  // A's row blocks: at least one per thread.
+  const int threads = static_cast<int>(std::min<index_t>(thread_count(p), (M + MR - 1) / MR));
+  const index_t mc = round_up(std::min(pair_block_rows, (M + threads - 1) / threads), MR);
+
+  auto& shared = gemm_scratch<pair_word>::local();
+  shared.b.resize(static_cast<std::size_t>(pairs * nc));
+  pair_word* const bp = shared.b.data();
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    auto& own = gemm_scratch<pair_word>::local();
+    own.a.resize(static_cast<std::size_t>(mc * pairs));
+    auto& own_c = gemm_scratch<float>::local();
+    own_c.c.resize(static_cast<std::size_t>(mc * nc));
+    pair_word* const ap = own.a.data();
+    float* const cb = own_c.c.data();
+    for (index_t j0 = 0; j0 < N; j0 += nc) {
+      const index_t n = std::min(nc, N - j0), n_pad = round_up(n, NR);
+#pragma omp for schedule(static)
+      for (index_t j = 0; j < n_pad; j += NR)
+        Kernel::template pack<BS == b_storage::columns, NR>(BS == b_storage::columns ? b + (j0 + j) * ldb : b + j0 + j,
+                                                            ldb, K, std::min(NR, n - j), bp + j * pairs);
+      // (the implicit barrier: the block of B is whole before any thread reads it)
+#pragma omp for schedule(dynamic, 1)
+      for (index_t i0 = 0; i0 < M; i0 += mc) {
+        const index_t m = std::min(mc, M - i0), m_pad = round_up(m, MR);
+        Kernel::template pack<AS == a_storage::rows, MR>(AS == a_storage::rows ? a + i0 * lda : a + i0, lda, K, m, ap);
+        for (index_t i = 0; i < m_pad; ++i) {  // padded rows and columns too: the kernel updates them
+          std::fill(cb + i * n_pad, cb + (i + 1) * n_pad, 0.0f);
+          if (accumulate && i < m) to_accum(c + (i0 + i) * ldc + j0, n, cb + i * n_pad);
+        }
+        for (index_t q0 = 0; q0 < pairs; q0 += pair_slice) {
+          const index_t q = std::min(pair_slice, pairs - q0);
+          for (index_t j = 0; j < n_pad; j += NR)
+            for (index_t i = 0; i < m_pad; i += MR)
+              Kernel::add_product(q, ap + i * pairs + q0 * MR, bp + j * pairs + q0 * NR, cb + i * n_pad + j, n_pad);
+        }
+        for (index_t i = 0; i < m; ++i) from_accum(cb + i * n_pad, n, c + (i0 + i) * ldc + j0);
+      }
+      // (and here: no thread repacks B while another still reads it)
+    }
+  }
 }
+
+#if DIFFTX_BF16_PAIRS
+// The micro-kernel and packers on AVX-512: C[MR, NR] += A's micro-panel ·
+// B's, MR · NV of the 32 vector registers holding C, NV the step of B's
+// panel, A's word broadcast from memory by the instruction itself.
+template <int MR, int NV>
+struct avx512_bf16_pairs_of {
+  static constexpr index_t rows = MR, cols = 16 * NV;
+
+  [[gnu::target("avx512f,avx512bf16")]] static void add_product(index_t pairs, const pair_word* a,
+                                                                 const pair_word* b, float* c, index_t ldc) noexcept {
+    __m512 acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_loadu_ps(c + r * ldc + v * 16);
+    for (index_t q = 0; q < pairs; ++q) {
+      __m512bh bv[NV];
+      for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + q * cols + v * 16);
+      for (int r = 0; r < MR; ++r) {
+        const auto av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[q * MR + r]));
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + v * 16, acc[r][v]);
+  }
+
+  // Packing (the layout: see bf16_pair_gemm), 16 lanes of words at a time.
+  // Stored along the depth, 16 rows' next 16 words (32 values, the depth's
+  // end masked) are transposed as a 16 x 16 matrix of words in registers;
+  // stored across it, two rows' values are widened to 32 bits and merged,
+  // every panel's lanes of a row pair in turn (so that a strided operand,
+  // dyᵀ, is read along its rows). Lanes past count are zero.
+  template <bool along_k, index_t width>
+  [[gnu::target("avx512f,avx512bw,avx512vl")]] static void pack(const Eigen::bfloat16* src, index_t ld, index_t k,
+                                                               index_t count, pair_word* dst) noexcept {
+    const index_t pairs = (k + 1) / 2, panels = (count + width - 1) / width;
+    // Lanes [c, c + 16) of panel s hold X's rows or columns from w = s · width + c.
+    if constexpr (along_k) {
+      for (index_t s = 0; s < panels; ++s)
+        for (index_t c = 0; c < width; c += 16) {
+          const index_t w = s * width + c, live = std::clamp<index_t>(count - w, 0, 16);
+          pair_word* out = dst + s * pairs * width + c;
+          for (index_t q0 = 0; q0 < pairs; q0 += 16) {
+            const index_t values = std::min<index_t>(32, k - 2 * q0);
+            const __mmask32 in_depth = values >= 32 ? ~__mmask32{0} : (__mmask32{1} << values) - 1;
+            __m512i x[16];
+            for (index_t r = 0; r < 16; ++r)
+              x[r] = r < live ? _mm512_maskz_loadu_epi16(in_depth, src + (w + r) * ld + 2 * q0) : _mm512_setzero_si512();
+            transpose_words(x);
+            for (index_t t = 0; t < std::min<index_t>(16, pairs - q0); ++t)
+              _mm512_mask_storeu_epi32(out + (q0 + t) * width, lanes(width - c), x[t]);
+          }
+        }
+    } else {
+      for (index_t q = 0; q < pairs; ++q)
+        for (index_t s = 0; s < panels; ++s)
+          for (index_t c = 0; c < width; c += 16) {
+            const index_t w = s * width + c, live = std::clamp<index_t>(count - w, 0, 16);
+            __m512i word = _mm512_setzero_si512();
+            for (index_t h = 0; h < 2 && live > 0 && 2 * q + h < k; ++h)  // the low half, then the high one
+              word = _mm512_or_si512(word, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                                                                 lanes(live), src + (2 * q + h) * ld + w)),
+                                                             static_cast<unsigned>(16 * h)));
+            _mm512_mask_storeu_epi32(dst + s * pairs * width + q * width + c, lanes(width - c), word);
+          }
+    }
+  }
+
+  static __mmask16 lanes(index_t n) noexcept {
+    return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << std::max<index_t>(n, 0)) - 1);
+  }
+
+  // x[r] lane c becomes x[c] lane r, in four rounds of shuffles: words, then
+  // word pairs within 128-bit lanes, then 128-bit lanes twice.
+  [[gnu::target("avx512f")]] static void transpose_words(__m512i (&x)[16]) noexcept {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
+      t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+    }
+    // Per 128-bit lane L, x[4g + j] holds columns 4L + j of rows 4g .. 4g + 3.
+    for (int g = 0; g < 16; g += 4) {
+      x[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+      x[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+      x[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+      x[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m512i low0 = _mm512_shuffle_i32x4(x[j], x[4 + j], 0x44), high0 = _mm512_shuffle_i32x4(x[j], x[4 + j], 0xee);
+      const __m512i low1 = _mm512_shuffle_i32x4(x[8 + j], x[12 + j], 0x44),
+                    high1 = _mm512_shuffle_i32x4(x[8 + j], x[12 + j], 0xee);
+      t[j] = _mm512_shuffle_i32x4(low0, low1, 0x88);
+      t[4 + j] = _mm512_shuffle_i32x4(low0, low1, 0xdd);
+      t[8 + j] = _mm512_shuffle_i32x4(high0, high1, 0x88);
+      t[12 + j] = _mm512_shuffle_i32x4(high0, high1, 0xdd);
+    }
+    for (int i = 0; i < 16; ++i) x[i] = t[i];
+  }
+};
+using avx512_bf16_pairs = avx512_bf16_pairs_of<12, 2>;
+#endif
 
 }  // namespace difftx::simd_detail

@@ -7,6 +7,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "difftx/core/memory.hpp"
+#include "difftx/policy/simd/bf16_product.hpp"
 
 namespace difftx::policy {
 
@@ -18,6 +19,12 @@ struct simd {
   static constexpr bool supports = std::is_same_v<T, float> || std::is_same_v<T, double> ||
                                    std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
   int threads = 0;  // OpenMP threads for every kernel; 0 means omp_get_max_threads()
+  // How bfloat16 matrix products multiply (docs/design.md, "bfloat16
+  // products"): automatic, or one path forced for comparisons.
+  using bf16_product = policy::bf16_product;
+  bf16_product bf16_products = bf16_product::automatic;
+  // The path they take on this CPU under that setting: converting or dot_instructions.
+  bf16_product bf16_product_used() const noexcept { return simd_detail::resolved_bf16_product(bf16_products); }
   // The vector instruction set the kernels were compiled for (xsimd's best
   // under the compiler's -m flags: "avx512bw", "fma3+avx2", "sse2", ...). It
   // is fixed at compile time: without -march=native (or the target
