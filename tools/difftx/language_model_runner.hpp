@@ -24,7 +24,7 @@ namespace difftx::cli {
 // What a language model is: its own config and each layer's.
 struct language_model_spec {
   LanguageModelConfig model;
-  std::vector<DecoderLayerConfig> layers;
+  std::vector<DecoderLayerConfig> layers = {};
   int threads = 0;  // for a policy with threads; 0 means its default
   std::string bf16_product = "automatic";  // simd: module_spec::bf16_product
 

@@ -26,7 +26,7 @@ namespace difftx::cli {
 // its architecture, a flag that disagrees with it is a usage error.
 struct model_flags {
   index_t heads = 0, kv_heads = 0;
-  std::optional<double> rope_theta, eps;
+  std::optional<double> rope_theta = {}, eps = {};
   int threads = 0;
 };
 

@@ -16,7 +16,7 @@ namespace difftx::cli {
 
 // What a module is, as the command line gives it.
 struct module_spec {
-  std::string kind;         // rmsnorm, swiglu, multihead, attention, decoder_layer, decoder_stack, multihead_v2, decoder_layer_v2
+  std::string kind = {};    // rmsnorm, swiglu, multihead, attention, decoder_layer, decoder_stack, multihead_v2, decoder_layer_v2
   index_t d_model = 0;      // C
   index_t heads = 1;        // h differential heads (attention: H heads; V2: h output heads)
   index_t kv_heads = 0;     // g (attention: G); 0 means as many as heads

@@ -51,7 +51,7 @@ int policy_threads([[maybe_unused]] const Policy& policy) {
 template <class T, class Policy>
 std::string bf16_product_of(const Policy& policy) {
   if constexpr (std::is_same_v<T, Eigen::bfloat16> && requires { policy.bf16_product_used(); })
-    return policy.bf16_product_used() == difftx::policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
+    return policy.bf16_product_used() == Policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
   return "";
 }
 
@@ -230,7 +230,7 @@ Policy make_policy(const module_spec& s) {
   if constexpr (requires { policy.threads; })
     if (s.threads > 0) policy.threads = s.threads;
   if constexpr (requires { policy.bf16_products; }) {
-    using path = difftx::policy::bf16_product;
+    using path = typename Policy::bf16_product;  // dependent: CUDA builds see no simd header
     policy.bf16_products = s.bf16_product == "converting"         ? path::converting
                            : s.bf16_product == "dot_instructions" ? path::dot_instructions
                                                                   : path::automatic;
