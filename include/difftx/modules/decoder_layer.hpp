@@ -152,6 +152,7 @@ class BasicDecoderLayer {
   void backward(cview<T, 3> x, cview<T, 3> dout, const saved_type& s, TensorView<T, 3> dx) {
     constexpr std::string_view where = "DecoderLayer::backward";
     detail::check_token_backward(where, x, dout, dx, s.input_shape, d_model(), policy_.memory().space(), "dout");
+    require_trainable(where);
     Tensor<T, 3> dy(x.shape(), policy_.memory()), d_branch(x.shape(), policy_.memory());
     // Out = SwiGLU(RMSNorm(Y)) + Y
     ffn_.backward(s.ffn_in.view(), dout, s.ffn, d_branch.view());
@@ -162,6 +163,9 @@ class BasicDecoderLayer {
     attn_norm_.backward(x, d_branch.view(), s.attn_norm, dx);
     add_into(policy_, dy.const_view(), dx);
   }
+
+  // Throws input_error where the layer computes for inference only (quantized logits).
+  void require_trainable(std::string_view where) const { detail::require_trainable(attn_, where); }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
     std::vector<parameter_ref<T>> all;

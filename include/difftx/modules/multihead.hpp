@@ -27,6 +27,7 @@ struct MultiHeadConfig {
   double rope_theta = 10000.0;
   bool causal = true;
   index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
+  int logit_bits = logits_unquantized;  // 4..8: attention logits quantized (inference, docs/semantics.md)
 };
 
 template <Scalar T, index_t HeadDim, class Policy = policy::reference>
@@ -72,7 +73,9 @@ class MultiHead {
         k_proj_(config_.d_model, 2 * config_.kv_heads * config_.head_dim, policy_),
         v_proj_(config_.d_model, 2 * config_.kv_heads * config_.head_dim, policy_),
         out_proj_(2 * config_.heads * config_.head_dim, config_.d_model, policy_),
-        attn_({config_.heads, config_.kv_heads, config_.layer_index, config_.causal, config_.head_dim}, policy_),
+        attn_({config_.heads, config_.kv_heads, config_.layer_index, config_.causal, config_.head_dim,
+               config_.logit_bits},
+              policy_),
         subln_(2 * config_.head_dim, 1e-5, 1.0 - difftx::lambda_init(config_.layer_index), policy_) {
     random_stream rng(0);
     reset_parameters(rng);
@@ -107,6 +110,7 @@ class MultiHead {
   void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx) {
     constexpr std::string_view where = "MultiHead::backward";
     detail::check_token_backward(where, x, dy, dx, s.input_shape, config_.d_model, policy_.memory().space());
+    require_trainable(where);
     const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads, D = config_.head_dim;
     auto& memory = policy_.memory();
     Tensor<T, 3> d_normed(s.normed.shape(), memory);
@@ -127,6 +131,9 @@ class MultiHead {
     k_proj_.backward(x, dk.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj, dx, write_mode::add);
     v_proj_.backward(x, dv.view().template reshape<3>({B, N, 2 * g * D}), s.v_proj, dx, write_mode::add);
   }
+
+  // Throws input_error where the module computes for inference only (config.logit_bits).
+  void require_trainable(std::string_view where) const { attn_.require_trainable(where); }
 
   // Inference with a KV cache (modules/kv_cache.hpp). A cache for `batch`
   // sequences of up to `capacity` tokens, in the policy's memory:
@@ -189,6 +196,7 @@ class MultiHead {
     c.head_dim = detail::checked_head_dim<HeadDim>("MultiHead", c.head_dim);
     require(c.layer_index >= 0, "MultiHead", "config.layer_index", "a layer index >= 0", std::to_string(c.layer_index));
     require(c.rope_theta > 0, "MultiHead", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
+    detail::checked_logit_bits<Policy, accum_t<T>>("MultiHead", c.logit_bits);
     return c;
   }
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,

@@ -100,6 +100,7 @@ class Stack {
     require_saved(where, s.input_shape, x.shape());
     require_shape(where, "dout", dout, output_shape(x.shape()));
     require_shape(where, "dx", dx, x.shape());
+    require_trainable(where);
     auto& memory = layers_.front().policy().memory();
     Tensor<T, 3> grad(dout.shape(), memory), next(dout.shape(), memory);
     for (std::size_t i = layers_.size(); i-- > 0;) {
@@ -108,6 +109,11 @@ class Stack {
                           i == 0 ? dx : next.view());
       grad.swap(next);
     }
+  }
+
+  // Throws input_error where a layer computes for inference only (low-bit paths).
+  void require_trainable(std::string_view where) const {
+    for (const auto& layer : layers_) detail::require_trainable(layer, where);
   }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "difftx/ops/attention.hpp"
+#include "difftx/ops/logit_quantization.hpp"
 #include "difftx/policy/reference/tag.hpp"
 
 namespace difftx {
@@ -27,22 +28,25 @@ void attention_row_probabilities(cview<T, 5> q, cview<T, 5> k, index_t b, index_
 }
 
 // Row i of map m of head h (group j) over the keys t < kv_end of k[b], v[b]:
-// o_row[0, dv) = softmax(S_m) V; returns the row's log-sum-exp. s: scratch.
+// o_row[0, dv) = softmax(S_m) V, the logits quantized to logit_bits
+// (ops/logit_quantization.hpp); returns the row's log-sum-exp. s: scratch.
 template <Scalar T>
 accum_t<T> attention_row_output(cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, index_t b, index_t i, index_t h,
-                                index_t j, index_t m, index_t kv_end, const accum_t<T>& scale,
+                                index_t j, index_t m, index_t kv_end, const accum_t<T>& scale, int logit_bits,
                                 std::vector<accum_t<T>>& s, accum_t<T>* o_row) {
   using A = accum_t<T>;
   const index_t d = q.extent(4), dv = v.extent(3);
   s.resize(static_cast<std::size_t>(kv_end));
-  // Scores and their maximum, then the log-sum-exp of the row.
-  A row_max(0.0);
+  // Scores (quantized) and their maximum, then the log-sum-exp of the row.
   for (index_t t = 0; t < kv_end; ++t) {
     A dot(0.0);
     for (index_t c = 0; c < d; ++c) dot = dot + load(q(b, i, h, m, c)) * load(k(b, t, j, m, c));
     s[static_cast<std::size_t>(t)] = dot * scale;
-    if (t == 0 || row_max < s[static_cast<std::size_t>(t)]) row_max = s[static_cast<std::size_t>(t)];
   }
+  quantize_logits(s.data(), kv_end, logit_bits);
+  A row_max = s[0];
+  for (index_t t = 1; t < kv_end; ++t)
+    if (row_max < s[static_cast<std::size_t>(t)]) row_max = s[static_cast<std::size_t>(t)];
   A sum(0.0);
   for (index_t t = 0; t < kv_end; ++t) sum = sum + scalar_traits<T>::exp(s[static_cast<std::size_t>(t)] - row_max);
   const A row_lse = row_max + scalar_traits<T>::log(sum);
@@ -59,12 +63,14 @@ accum_t<T> attention_row_output(cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, ind
 
 // q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
 //   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
+// logit_bits: 16, or the logits quantized to 4..8 bits (ops/logit_quantization.hpp).
 template <int Maps, Scalar T>
 void attention_forward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
                        cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
-                       TensorView<accum_t<T>, 4> lse) {
+                       TensorView<accum_t<T>, 4> lse, int logit_bits = logits_unquantized) {
   constexpr std::string_view where = "attention_forward";
   detail::check_attention<Maps>(where, memory_space::host, q, k, v, lambda, o, o2, lse, "o");
+  detail::check_logit_bits<accum_t<T>>(where, logit_bits);
   using A = accum_t<T>;
   const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), d = q.extent(4);
   const index_t group_size = H / k.extent(2), dv = v.extent(3);
@@ -77,7 +83,7 @@ void attention_forward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, c
       for (index_t i = 0; i < N; ++i) {
         const index_t kv_end = causal ? i + 1 : N;
         for (index_t m = 0; m < Maps; ++m)
-          lse(b, h, m, i) = detail::attention_row_output<T>(q, k, v, b, i, h, j, m, kv_end, scale, s,
+          lse(b, h, m, i) = detail::attention_row_output<T>(q, k, v, b, i, h, j, m, kv_end, scale, logit_bits, s,
                                                             o_maps.data() + m * dv);
         for (index_t c = 0; c < dv; ++c) {
           if constexpr (Maps == 2) {

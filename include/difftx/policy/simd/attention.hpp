@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "difftx/ops/attention.hpp"
+#include "difftx/ops/logit_quantization.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm.hpp"
 #include "difftx/policy/simd/tile.hpp"
@@ -201,15 +202,18 @@ void exponentiate(A* s, index_t n, A shift) {
 
 // q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
 //   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
+// logit_bits: 16, or the logits quantized to 4..8 bits (ops/logit_quantization.hpp):
+// each item then sweeps its keys twice, first for every row's largest |logit|.
 template <int Maps, class T>
   requires supported_by<policy::simd, T>
 void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
                        cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
-                       TensorView<accum_t<T>, 4> lse) {
+                       TensorView<accum_t<T>, 4> lse, int logit_bits = logits_unquantized) {
   using namespace simd_detail;
   using A = accum_t<T>;
   constexpr std::string_view where = "attention_forward";
   detail::check_attention<Maps>(where, memory_space::host, q, k, v, lambda, o, o2, lse, "o");
+  detail::check_logit_bits<A>(where, logit_bits);
   constexpr index_t Bs = attention_block;
   const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), G = k.extent(2), d = q.extent(4);
   const index_t r = H / G, dv = v.extent(3), blocks = round_up(N, Bs) / Bs;
@@ -227,6 +231,7 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
         acc(static_cast<std::size_t>(Maps * Bs * dv)), running_max(static_cast<std::size_t>(Maps * Bs)),
         running_sum(static_cast<std::size_t>(Maps * Bs));
     std::vector<A> row_scratch;
+    std::vector<detail::logit_grid<A>> grids(static_cast<std::size_t>(Maps * Bs));  // inactive unless quantizing
 #pragma omp for schedule(static)
     for (index_t block = 0; block < pairs * blocks; ++block) {
       const index_t pair = block / blocks;
@@ -251,6 +256,21 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
       std::fill(running_sum.begin(), running_sum.end(), A(0));
 
       const index_t kb_end = causal ? qb + 1 : blocks;
+      if (logit_bits != logits_unquantized) {  // every row's largest |logit|, then its grid
+        std::fill(running_max.begin(), running_max.end(), A(0));
+        for (index_t kb = 0; kb < kb_end; ++kb)
+          for (index_t m = 0; m < Maps; ++m) {
+            tile_product<a_layout::rows>(Bs, Bs, d, q_tile.data() + m * Bs * d, d, pair_keys.kt_tile(kb, m, d), Bs,
+                                         s.data(), Bs, false);
+            for (index_t i = 0; i < rows; ++i) {
+              A& largest = running_max[static_cast<std::size_t>(m * Bs + i)];
+              largest = std::max(largest, detail::largest_magnitude(s.data() + i * Bs, visible_keys(i0 + i, kb * Bs, N, causal)));
+            }
+          }
+        for (index_t mi = 0; mi < Maps * Bs; ++mi)
+          grids[static_cast<std::size_t>(mi)] = detail::logit_grid<A>(running_max[static_cast<std::size_t>(mi)], logit_bits);
+        std::fill(running_max.begin(), running_max.end(), -std::numeric_limits<A>::infinity());
+      }
       for (index_t kb = 0; kb < kb_end; ++kb) {
         const index_t t0 = kb * Bs;
         for (index_t m = 0; m < Maps; ++m) {
@@ -261,6 +281,7 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
             A* s_row = s.data() + i * Bs;
             const index_t visible = visible_keys(i0 + i, t0, N, causal);
             const auto mi = static_cast<std::size_t>(m * Bs + i);
+            grids[mi].apply(s_row, visible);
             const A new_max = std::max(running_max[mi], row_max(s_row, visible));
             exponentiate(s_row, visible, new_max);
             if (new_max > running_max[mi]) {  // else the old terms keep their scale
