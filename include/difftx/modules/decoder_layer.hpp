@@ -136,7 +136,9 @@ class BasicDecoderLayer {
   }
   // With a KV cache (modules/kv_cache.hpp): the attention's cache.
   using cache_type = typename Attn::cache_type;
-  cache_type make_cache(index_t batch, index_t capacity) const { return attn_.make_cache(batch, capacity); }
+  cache_type make_cache(index_t batch, index_t capacity, inference_dtype storage = inference_dtype::same) const {
+    return attn_.make_cache(batch, capacity, storage);
+  }
   KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept { return attn_.cache_shape(batch, capacity); }
   // Prompts x [B, N, C] (or packed with cu_seqlens) -> out; the cache restarts with them.
   void prefill(cview<T, 3> x, cache_type& cache, TensorView<T, 3> out, sequence_offsets sequences = {}) const {
@@ -164,8 +166,16 @@ class BasicDecoderLayer {
     add_into(policy_, dy.const_view(), dx);
   }
 
-  // Throws input_error where the layer computes for inference only (quantized logits).
-  void require_trainable(std::string_view where) const { detail::require_trainable(attn_, where); }
+  // Throws input_error where the layer computes for inference only (quantized logits, int8 weights).
+  void require_trainable(std::string_view where) const {
+    detail::require_trainable(attn_, where);
+    detail::require_trainable(ffn_, where);
+  }
+  // Inference with int8 weights (modules/linear.hpp): the attention's projections and the FFN's.
+  void quantize_weights() {
+    attn_.quantize_weights();
+    ffn_.quantize_weights();
+  }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
     std::vector<parameter_ref<T>> all;

@@ -29,6 +29,7 @@ struct DiffAttnConfig {
   bool causal = true;
   index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
   int logit_bits = logits_unquantized;  // 4..8: both maps' logits quantized (inference; ops/logit_quantization.hpp)
+  inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys (inference; ops/attention.hpp)
 };
 
 namespace detail {
@@ -75,6 +76,7 @@ class DiffAttn {
         head_dim_(detail::checked_head_dim<HeadDim>("DiffAttn", config.head_dim)),
         causal_(config.causal),
         logit_bits_(detail::checked_logit_bits<Policy, accum_t<T>>("DiffAttn", config.logit_bits)),
+        qk_dtype_(detail::checked_qk_dtype<Policy, accum_t<T>>("DiffAttn", config.qk_dtype)),
         lambda_q1_({head_dim_}, policy_.memory()),
         lambda_k1_({head_dim_}, policy_.memory()),
         lambda_q2_({head_dim_}, policy_.memory()),
@@ -110,7 +112,7 @@ class DiffAttn {
     detail::for_each_sequence(sequences, [&](const auto& seq) {
       if constexpr (low_bit_policy<Policy>)
         attention_forward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
-                             seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()), logit_bits_);
+                             seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()), logit_bits_, qk_dtype_);
       else
         attention_forward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
                              seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()));
@@ -158,10 +160,15 @@ class DiffAttn {
     require(causal_, where, "config.causal", "a causal module (decoding appends to the past)", "non-causal");
     Tensor<accum_t<T>, 1> lambda({1}, policy_.memory());
     forward_lambda(lambda.view());
-    if constexpr (low_bit_policy<Policy>)
-      attention_decode<2>(policy_, q, cache.keys(), cache.values(), cache.lengths(), lambda.const_view(), o, logit_bits_);
-    else
+    if constexpr (low_bit_policy<Policy>) {
+      if (cache.storage() == inference_dtype::int8)
+        attention_decode<2>(policy_, q, cache.int8_view(), cache.lengths(), lambda.const_view(), o, logit_bits_);
+      else
+        attention_decode<2>(policy_, q, cache.keys(), cache.values(), cache.lengths(), lambda.const_view(), o,
+                            logit_bits_);
+    } else {
       attention_decode<2>(policy_, q, cache.keys(), cache.values(), cache.lengths(), lambda.const_view(), o);
+    }
   }
   // What a cache of this operator holds: both key halves, values of 2D.
   KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept {
@@ -172,6 +179,8 @@ class DiffAttn {
   void require_trainable(std::string_view where) const {
     require(logit_bits_ == logits_unquantized, where, "config.logit_bits",
             "16 (a backward needs unquantized logits; quantization is for inference)", std::to_string(logit_bits_));
+    require(qk_dtype_ == inference_dtype::same, where, "config.qk_dtype",
+            "same (a backward needs the unquantized queries and keys; int8 is for inference)", "int8");
   }
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
     return {lambda_q1_.ref(prefix + "lambda_q1"), lambda_k1_.ref(prefix + "lambda_k1"),
@@ -210,6 +219,7 @@ class DiffAttn {
   index_t heads_, kv_heads_, layer_index_, head_dim_;
   bool causal_;
   int logit_bits_;
+  inference_dtype qk_dtype_;
   Parameter<T, 1> lambda_q1_, lambda_k1_, lambda_q2_, lambda_k2_;
 };
 

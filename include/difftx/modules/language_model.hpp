@@ -97,7 +97,9 @@ class LanguageModel {
   }
   // With KV caches, one per layer (modules/kv_cache.hpp).
   using cache_type = typename Stack<Layer>::cache_type;
-  cache_type make_cache(index_t batch, index_t capacity) const { return layers_.make_cache(batch, capacity); }
+  cache_type make_cache(index_t batch, index_t capacity, inference_dtype storage = inference_dtype::same) const {
+    return layers_.make_cache(batch, capacity, storage);
+  }
   // Prompts tokens [B, N] (or packed [1, total] with cu_seqlens) -> logits
   // [B, N, V]; the caches restart with them.
   void prefill(cview<token_t, 2> tokens, cache_type& cache, TensorView<T, 3> logits,
@@ -117,6 +119,7 @@ class LanguageModel {
     require_nonempty(where, "tokens", tokens);
     require_saved(where, s.input_shape, tokens.shape(), "tokens");
     require_shape(where, "dlogits", dlogits, output_shape(tokens.shape()));
+    require_trainable(where);
     auto& memory = layers_.policy().memory();
     Tensor<T, 3> a(s.x.shape(), memory), b(s.x.shape(), memory);
     head_.backward(s.normed.view(), dlogits, s.head, a.view());         // a = d normed
@@ -142,6 +145,17 @@ class LanguageModel {
     head_.reset_parameters(rng);
   }
   const Policy& policy() const noexcept { return layers_.policy(); }
+
+  // Inference with int8 weights (modules/linear.hpp): every layer's
+  // projections and the LM head (the embedding is a lookup: it stays).
+  void quantize_weights() {
+    layers_.quantize_weights();
+    head_.quantize_weights();
+  }
+  void require_trainable(std::string_view where) const {
+    layers_.require_trainable(where);
+    head_.require_trainable(where);
+  }
 
  private:
   // embedding -> layers(x, hidden) -> norm -> head, with this call's scratch only.

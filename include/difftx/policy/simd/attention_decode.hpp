@@ -22,6 +22,7 @@
 #include <Eigen/Core>
 
 #include "difftx/ops/attention_decode.hpp"
+#include "difftx/ops/int8.hpp"
 #include "difftx/ops/logit_quantization.hpp"
 #include "difftx/policy/simd/attention.hpp"
 #include "difftx/policy/simd/common.hpp"
@@ -39,12 +40,10 @@ constexpr index_t cache_block = 256;  // keys per work item: a few items per thr
 // float16/bfloat16 a converted copy of the block costs more than the reading).
 constexpr index_t gemv_rows = 4;
 
-// out[c] = Σ_t p[t] · V(t, c) for c < dv, V's row t at v_first + t·stride:
-// four vectors of out held in registers while the rows stream past.
-template <class T>
-void weighted_sum_of_rows(const accum_t<T>* p, const T* v_first, index_t stride, index_t keys, index_t dv,
-                          accum_t<T>* out) {
-  using A = accum_t<T>;
+// out[c] = Σ_t p[t] · V(t, c) for c < dv, V's row t at v_first + t·stride (T,
+// or int8): four vectors of out held in registers while the rows stream past.
+template <class A, class T>
+void weighted_sum_of_rows(const A* p, const T* v_first, index_t stride, index_t keys, index_t dv, A* out) {
   using V = vec<A>;
   constexpr index_t W = V::size;
   auto columns = [&](auto vectors, index_t c0) {
@@ -53,7 +52,7 @@ void weighted_sum_of_rows(const accum_t<T>* p, const T* v_first, index_t stride,
     for (auto& a : acc) a = V(A(0));
     for (index_t t = 0; t < keys; ++t) {
       const V pv(p[t]);
-      for (index_t v = 0; v < NV; ++v) acc[v] = xsimd::fma(pv, load_as_accum(v_first + t * stride + c0 + v * W), acc[v]);
+      for (index_t v = 0; v < NV; ++v) acc[v] = xsimd::fma(pv, load_row_as<A>(v_first + t * stride + c0 + v * W), acc[v]);
     }
     for (index_t v = 0; v < NV; ++v) acc[v].store_unaligned(out + c0 + v * W);
   };
@@ -106,7 +105,8 @@ struct decode_item {
 //   Workspace                 a thread's scratch (default-constructed)
 //   scores(ws, item, m, s)    s(row, t) = S_m of query row `row` (token row / r,
 //                             head j·r + row % r) and key t0 + t, t < keys
-//   values(ws, item, m, s, acc) acc[rows][dv] = P_m · V of the block
+//   values(ws, item, m, s, acc) acc[rows][dv] = P_m · V of the block (s, the
+//                             probabilities, may be overwritten)
 //   store(b, i, h, out)       out[dv] (A), the result of token i, head h
 // logit_bits != 16 quantizes each row's logits over all its blocks: a first
 // sweep takes every row's largest |logit|.
@@ -274,7 +274,7 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
       s.leftCols(it.keys).noalias() = ws.q_rows * key_rows.transpose();
     }
   };
-  auto values = [&](workspace& ws, const decode_item& it, index_t m, const row_matrix<A>& s, A* acc_first) {
+  auto values = [&](workspace& ws, const decode_item& it, index_t m, row_matrix<A>& s, A* acc_first) {
     const T* v_first = v.data() + ((it.b * S + it.t0) * G + it.j) * dv;
     Eigen::Map<row_matrix<A>> acc(acc_first, rows, dv);
     if (rows <= gemv_rows) {
@@ -283,6 +283,82 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
     } else {
       if (m == 0) ws.v_block = rows_as_accum<T>(v_first, it.keys, dv, G * dv, ws.v_scratch);  // both maps use it
       const strided_rows block(ws.v_block, it.keys, dv, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * dv : dv));
+      acc.noalias() = s.leftCols(it.keys) * block;
+    }
+  };
+  decode_in_blocks<Maps, A, workspace>(
+      p, G, new_tokens, r, dv, lengths, Maps == 2 ? lambda(0) : A(0), logit_bits, scores, values,
+      [&](index_t b, index_t i, index_t h, const A* out) {
+        from_accum(out, dv, o.data() + ((b * new_tokens + i) * H + h) * dv);
+      });
+}
+
+// The same over an int8 cache (modules/kv_cache.hpp): keys and values read in
+// place, int8 converted in registers; a key block's scores are Q · k8 then
+// times each key's step, and each value's step folds into its probability.
+// With more than gemv_rows query rows, the block is dequantized once into
+// scratch for Eigen's products, as the float16/bfloat16 caches are converted.
+template <int Maps, class T>
+  requires supported_by<policy::simd, T>
+void attention_decode(const policy::simd& p, cview<T, 5> q, const int8_kv<accum_t<T>>& kv,
+                      std::span<const index_t> lengths, cview<accum_t<T>, 1> lambda, TensorView<T, 4> o,
+                      int logit_bits = logits_unquantized) {
+  using namespace simd_detail;
+  using A = accum_t<T>;
+  using strided_rows = Eigen::Map<const row_matrix<A>, 0, Eigen::OuterStride<>>;
+  detail::check_attention_decode_int8<Maps>("attention_decode", q, kv, lengths, lambda, o);
+  detail::check_logit_bits<A>("attention_decode", logit_bits);
+  const index_t new_tokens = q.extent(1), H = q.extent(2), d = q.extent(4);
+  const index_t S = kv.keys8.extent(1), G = kv.keys8.extent(2), r = H / G, dv = kv.values8.extent(3);
+  const index_t rows = new_tokens * r;
+  const A scale = A(1) / std::sqrt(static_cast<A>(d));
+
+  struct workspace {
+    row_matrix<A> q_rows;
+    std::vector<A> k_scratch, v_scratch;
+  };
+  // rows x cols int8 values (row t at first + t·stride) times their steps, as A at scratch.
+  auto dequantized = [](const std::int8_t* first, const A* steps, index_t step_stride, index_t count, index_t cols,
+                        index_t stride, std::vector<A>& scratch) {
+    scratch.resize(static_cast<std::size_t>(count * cols));
+    for (index_t t = 0; t < count; ++t)
+      for (index_t c = 0; c < cols; ++c) scratch[static_cast<std::size_t>(t * cols + c)] = steps[t * step_stride] * A(first[t * stride + c]);
+    return static_cast<const A*>(scratch.data());
+  };
+  auto scores = [&](workspace& ws, const decode_item& it, index_t m, row_matrix<A>& s) {
+    ws.q_rows.resize(rows, d);
+    for (index_t i = 0; i < new_tokens; ++i)
+      for (index_t hh = 0; hh < r; ++hh) {
+        const T* row = q.data() + (((it.b * new_tokens + i) * H + it.j * r + hh) * Maps + m) * d;
+        for (index_t c = 0; c < d; ++c) ws.q_rows(i * r + hh, c) = static_cast<A>(load(row[c])) * scale;
+      }
+    const std::int8_t* k_first = kv.keys8.data() + (((it.b * S + it.t0) * G + it.j) * Maps + m) * d;
+    const A* steps = kv.key_steps.data() + ((it.b * S + it.t0) * G + it.j) * Maps + m;
+    if (rows <= gemv_rows) {
+      for (index_t row = 0; row < rows; ++row) {
+        A* out = s.data() + row * cache_block;
+        dots_with_rows(ws.q_rows.row(row).data(), k_first, G * Maps * d, it.keys, d, out);
+        for (index_t t = 0; t < it.keys; ++t) out[t] *= steps[t * G * Maps];
+      }
+    } else {
+      const strided_rows keys(dequantized(k_first, steps, G * Maps, it.keys, d, G * Maps * d, ws.k_scratch), it.keys, d,
+                              Eigen::OuterStride<>(d));
+      s.leftCols(it.keys).noalias() = ws.q_rows * keys.transpose();
+    }
+  };
+  auto values = [&](workspace& ws, const decode_item& it, index_t, row_matrix<A>& s, A* acc_first) {
+    const std::int8_t* v_first = kv.values8.data() + ((it.b * S + it.t0) * G + it.j) * dv;
+    const A* steps = kv.value_steps.data() + (it.b * S + it.t0) * G + it.j;
+    Eigen::Map<row_matrix<A>> acc(acc_first, rows, dv);
+    if (rows <= gemv_rows) {
+      for (index_t row = 0; row < rows; ++row) {
+        A* weights = s.data() + row * cache_block;  // p_t · step_t: the probabilities are not needed after this
+        for (index_t t = 0; t < it.keys; ++t) weights[t] *= steps[t * G];
+        weighted_sum_of_rows(weights, v_first, G * dv, it.keys, dv, acc.data() + row * dv);
+      }
+    } else {
+      const strided_rows block(dequantized(v_first, steps, G, it.keys, dv, G * dv, ws.v_scratch), it.keys, dv,
+                               Eigen::OuterStride<>(dv));
       acc.noalias() = s.leftCols(it.keys) * block;
     }
   };
