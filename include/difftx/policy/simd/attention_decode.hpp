@@ -97,6 +97,19 @@ struct decode_item {
   index_t b, j, t0, keys, length;
 };
 
+// The query rows of item it's group for map m, scaled: row i·r + hh is token
+// i's head j·r + hh (q [B, T, H, Maps, d]).
+template <class T>
+void query_rows(cview<T, 5> q, const decode_item& it, index_t m, index_t r, accum_t<T> scale, row_matrix<accum_t<T>>& out) {
+  const index_t T_new = q.extent(1), H = q.extent(2), maps = q.extent(3), d = q.extent(4);
+  out.resize(T_new * r, d);
+  for (index_t i = 0; i < T_new; ++i)
+    for (index_t hh = 0; hh < r; ++hh) {
+      const T* row = q.data() + (((it.b * T_new + i) * H + it.j * r + hh) * maps + m) * d;
+      for (index_t c = 0; c < d; ++c) out(i * r + hh, c) = static_cast<accum_t<T>>(load(row[c])) * scale;
+    }
+}
+
 // The decoding schedule every cache storage shares: the work items (b, j,
 // block of cache_block keys up to each sequence's length) over the threads,
 // each leaving per query row and map its maximum, sum and unnormalised P·V,
@@ -143,8 +156,8 @@ void decode_in_blocks(const policy::simd& p, index_t G, index_t new_tokens, inde
     return static_cast<std::size_t>(((it.b * G + it.j) * 2 + m) * rows + row);
   };
 
-  if (!grids.empty()) {
-    // Each block's largest |logit| per row (in part.max), then the grids.
+  // Every item's score block of every map, on the threads: visit(ws, item, it, m, s) once scores(ws, it, m, s) ran.
+  auto over_blocks = [&](auto&& visit) {
 #pragma omp parallel num_threads(thread_count(p))
     {
       single_threaded_eigen();
@@ -155,11 +168,18 @@ void decode_in_blocks(const policy::simd& p, index_t G, index_t new_tokens, inde
         const decode_item it = locate(item);
         for (index_t m = 0; m < Maps; ++m) {
           scores(ws, it, m, s);
-          for (index_t row = 0; row < rows; ++row)
-            part.max_at(item, m)[row] = detail::largest_magnitude(s.data() + row * cache_block, visible(it, row));
+          visit(ws, item, it, m, s);
         }
       }
     }
+  };
+
+  if (!grids.empty()) {
+    // Each block's largest |logit| per row (in part.max), then the grids.
+    over_blocks([&](Workspace&, index_t item, const decode_item& it, index_t m, row_matrix<A>& s) {
+      for (index_t row = 0; row < rows; ++row)
+        part.max_at(item, m)[row] = detail::largest_magnitude(s.data() + row * cache_block, visible(it, row));
+    });
     std::vector<A> largest(grids.size(), A(0));  // over the blocks of every (b, j, map, row)
     for (index_t item = 0; item < items; ++item) {
       const decode_item it = locate(item);
@@ -172,32 +192,22 @@ void decode_in_blocks(const policy::simd& p, index_t G, index_t new_tokens, inde
     for (std::size_t e = 0; e < grids.size(); ++e) grids[e] = detail::logit_grid<A>(largest[e], logit_bits);
   }
 
-#pragma omp parallel num_threads(thread_count(p))
-  {
-    single_threaded_eigen();
-    Workspace ws;
-    row_matrix<A> s(rows, cache_block);
-#pragma omp for schedule(dynamic, 1)
-    for (index_t item = 0; item < items; ++item) {
-      const decode_item it = locate(item);
-      for (index_t m = 0; m < Maps; ++m) {
-        scores(ws, it, m, s);
-        A* row_max_out = part.max_at(item, m);
-        A* row_sum_out = part.sum_at(item, m);
-        for (index_t row = 0; row < rows; ++row) {
-          const index_t seen = visible(it, row);
-          A* p_row = s.data() + row * cache_block;
-          if (!grids.empty()) grids[grid_index(it, m, row)].apply(p_row, seen);
-          const A mx = seen > 0 ? row_max(p_row, seen) : neg_inf;
-          exponentiate_row(p_row, seen, mx);
-          std::fill(p_row + seen, p_row + it.keys, A(0));
-          row_max_out[row] = mx;
-          row_sum_out[row] = sum(p_row, seen);
-        }
-        values(ws, it, m, s, part.acc_at(item, m));
-      }
+  // Per block and row: its maximum, its sum of exponentials and P·V.
+  over_blocks([&](Workspace& ws, index_t item, const decode_item& it, index_t m, row_matrix<A>& s) {
+    A* row_max_out = part.max_at(item, m);
+    A* row_sum_out = part.sum_at(item, m);
+    for (index_t row = 0; row < rows; ++row) {
+      const index_t seen = visible(it, row);
+      A* p_row = s.data() + row * cache_block;
+      if (!grids.empty()) grids[grid_index(it, m, row)].apply(p_row, seen);
+      const A mx = seen > 0 ? row_max(p_row, seen) : neg_inf;
+      exponentiate_row(p_row, seen, mx);
+      std::fill(p_row + seen, p_row + it.keys, A(0));
+      row_max_out[row] = mx;
+      row_sum_out[row] = sum(p_row, seen);
     }
-  }
+    values(ws, it, m, s, part.acc_at(item, m));
+  });
 
   // Combine the key blocks of every (b, token, head) by log-sum-exp.
 #pragma omp parallel num_threads(thread_count(p))
@@ -257,12 +267,7 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
     const A* v_block = nullptr;  // V rows of the item as A, converted for map 0 and reused by map 1
   };
   auto scores = [&](workspace& ws, const decode_item& it, index_t m, row_matrix<A>& s) {
-    ws.q_rows.resize(rows, d);
-    for (index_t i = 0; i < new_tokens; ++i)
-      for (index_t hh = 0; hh < r; ++hh) {
-        const T* row = q.data() + (((it.b * new_tokens + i) * H + it.j * r + hh) * Maps + m) * d;
-        for (index_t c = 0; c < d; ++c) ws.q_rows(i * r + hh, c) = static_cast<A>(load(row[c])) * scale;
-      }
+    query_rows<T>(q, it, m, r, scale, ws.q_rows);
     const T* k_first = k.data() + (((it.b * S + it.t0) * G + it.j) * Maps + m) * d;
     if (rows <= gemv_rows) {
       for (index_t row = 0; row < rows; ++row)
@@ -326,12 +331,7 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, const int8_kv<accum_
     return static_cast<const A*>(scratch.data());
   };
   auto scores = [&](workspace& ws, const decode_item& it, index_t m, row_matrix<A>& s) {
-    ws.q_rows.resize(rows, d);
-    for (index_t i = 0; i < new_tokens; ++i)
-      for (index_t hh = 0; hh < r; ++hh) {
-        const T* row = q.data() + (((it.b * new_tokens + i) * H + it.j * r + hh) * Maps + m) * d;
-        for (index_t c = 0; c < d; ++c) ws.q_rows(i * r + hh, c) = static_cast<A>(load(row[c])) * scale;
-      }
+    query_rows<T>(q, it, m, r, scale, ws.q_rows);
     const std::int8_t* k_first = kv.keys8.data() + (((it.b * S + it.t0) * G + it.j) * Maps + m) * d;
     const A* steps = kv.key_steps.data() + ((it.b * S + it.t0) * G + it.j) * Maps + m;
     if (rows <= gemv_rows) {

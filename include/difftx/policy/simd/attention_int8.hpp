@@ -58,7 +58,8 @@ using score_tile_fn = void (*)(index_t d4, const std::int8_t* q8, const std::int
       const __m512 qs = _mm512_set1_ps(q_steps[i + r]);
       for (int v = 0; v < 4; ++v) {
         const __m512i exact = _mm512_sub_epi32(acc[r][v], _mm512_loadu_si512(corr + 16 * v));
-        const __m512 scores = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(exact), qs), _mm512_loadu_ps(k_steps + 16 * v));
+        const __m512 scores =  // (zero-masked: GCC 12 warns on the plain form's undefined register)
+            _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, exact), qs), _mm512_loadu_ps(k_steps + 16 * v));
         _mm512_storeu_ps(s + (i + r) * keys + 16 * v, scores);
       }
     }

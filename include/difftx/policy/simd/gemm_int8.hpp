@@ -113,8 +113,9 @@ struct avx512_vnni_int8 {
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) {  // (GCC 12's _mm512_reduce_add_epi32 warns of an uninitialised register)
-        const __m256i half = _mm256_add_epi32(_mm512_castsi512_si256(acc[r][c]), _mm512_extracti64x4_epi64(acc[r][c], 1));
+      for (int c = 0; c < C; ++c) {  // the zero-masked forms: GCC 12 warns on the others' undefined registers
+        const __m256i half = _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xf, acc[r][c], 0),
+                                              _mm512_maskz_extracti64x4_epi64(0xf, acc[r][c], 1));
         out[r * ldo + c] = avx2_int8::lane_sum(half);
       }
   }
