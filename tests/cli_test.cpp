@@ -1045,3 +1045,37 @@ TEST_CASE("cli: retrieval --arch diff,v2,baseline trains and reports three model
   expect_usage_error(tiny + " --arch diff,diff,baseline --out " + q(folder / "x"), {"--arch", "diff twice"});
   expect_usage_error(tiny + " --arch diff,v3,baseline --out " + q(folder / "x"), {"--arch", "v3"});
 }
+
+TEST_CASE("cli low-bit: bench and run take --logit-bits, --qk-dtype, --weights-dtype and --kv-dtype; rows say which ran") {
+  auto json = [](const std::string& args) {
+    const auto r = difftx_cli("bench --json --repeats 1 " + args);
+    INFO("difftx bench " << args << "\nstderr: " << r.err);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out);
+  };
+  for (const char* storage : {"--weights-dtype int8", "--kv-dtype int8", "--weights-dtype int8 --kv-dtype int8"}) {
+    const auto j = json(std::string("--module decoder_layer --batch 2 --context 9 --d-model 16 --heads 2 --decode ") + storage);
+    CHECK(j.at("decode_step_ms").get<double>() > 0);
+    CHECK(j.at("weights_dtype") == (std::string(storage).find("--weights-dtype") != std::string::npos ? "int8" : "same"));
+    CHECK(j.at("kv_dtype") == (std::string(storage).find("--kv-dtype") != std::string::npos ? "int8" : "same"));
+  }
+  const auto q = json("--module attention --batch 1 --seq 9 --d-model 16 --heads 2 --logit-bits 6 --qk-dtype int8");
+  CHECK(q.at("logit_bits") == 6);
+  CHECK(q.at("qk_dtype") == "int8");
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 16 --heads 2 --logit-bits 3", {"--logit-bits", "3"});
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 16 --heads 2 --kv-dtype int8",
+                     {"--kv-dtype", "--decode"});
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 16 --heads 2 --qk-dtype int4", {"--qk-dtype"});
+  // run: quantized logits change the output; a backward through them is bad input, nothing written.
+  const std::string run = "run" + fixture_flags + " --kv-heads 1 --weights " + fixture_weights + " --input " + fixture_input;
+  test_support::temp_folder folder;
+  const auto plain = folder.path() / "plain.npy", four = folder.path() / "four.npy", never = folder.path() / "never.npy";
+  REQUIRE(difftx_cli(run + " --output " + plain.string()).code == 0);
+  REQUIRE(difftx_cli(run + " --logit-bits 4 --output " + four.string()).code == 0);
+  CHECK(io::read_npy(plain.string()).values() != io::read_npy(four.string()).values());
+  const auto r = difftx_cli(run + " --logit-bits 4 --output " + never.string() + " --grad-output " + fixture_input +
+                            " --grad-input " + (folder.path() / "dx.npy").string());
+  CHECK(r.code == 3);
+  CHECK(r.err.find("logit_bits") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(never));
+}

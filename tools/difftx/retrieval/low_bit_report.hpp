@@ -99,9 +99,14 @@ std::vector<std::string> logit_bits_reading(const Models& models) {
     const std::string& D = models[i]->short_label;
     const double full = bits_ratio(at(e, 16));
     const double kept = full > 0 ? bits_ratio(at(e, 4)) / full : 0, base_kept = base_full > 0 ? bits_ratio(at(base, 4)) / base_full : 0;
-    lines.push_back(std::string(kept > base_kept ? "agrees" : "does not agree") +
-                    " with Figure 8's direction (the differential model degrades less): at 4 bits " + D + " keeps " +
-                    fixed(kept) + " of its 16-bit accuracy, the Transformer " + fixed(base_kept));
+    const std::string kept_text =
+        "at 4 bits " + D + " keeps " + fixed(kept) + " of its 16-bit accuracy, the Transformer " + fixed(base_kept);
+    if (holds_down_to(e) == 4 && holds_down_to(base) == 4)  // nothing moved: the task cannot tell them apart
+      lines.push_back("no verdict on Figure 8's direction (the differential model degrades less): neither model's "
+                      "accuracy moves by two standard errors down to 4 bits on this task (" + kept_text + ")");
+    else
+      lines.push_back(std::string(kept > base_kept ? "agrees" : "does not agree") +
+                      " with Figure 8's direction (the differential model degrades less): " + kept_text);
     lines.push_back("4-bit " + D + " " + fixed(bits_ratio(at(e, 4))) + " vs 6-bit Transformer " +
                     fixed(bits_ratio(at(base, 6))) + " (the paper: 4-bit DIFF matches 6-bit Transformer)");
   }
