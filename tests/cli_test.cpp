@@ -1290,3 +1290,67 @@ TEST_CASE("cli models: bench --model times the real model's prefill and decode")
   CHECK(rows == 2);
   expect_usage_error("bench --model " + q(hf_data / "gqa") + " --backward", {"--backward", "--model"});
 }
+
+TEST_CASE("cli models: generate and bench --model take int8 weights and an int8 KV cache, and say so") {
+  const hf_expected e("plain");
+  const std::string generate = "generate --model " + q(hf_data / "plain") + " --prompt " + e.joined(e.prompt) +
+                               " --max-new-tokens " + std::to_string(e.greedy.size()) + " --json";
+  for (const std::string storage : {" --weights-dtype int8", " --kv-dtype int8", " --weights-dtype int8 --kv-dtype int8"}) {
+    INFO(storage);
+    const auto r = difftx_cli(generate + storage);
+    INFO("stderr: " << r.err);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j.at("tokens").size() == e.greedy.size());
+    CHECK(j.at("weights_dtype") == (storage.find("--weights-dtype") != std::string::npos ? "int8" : "same"));
+    CHECK(j.at("kv_dtype") == (storage.find("--kv-dtype") != std::string::npos ? "int8" : "same"));
+  }
+  const hf_expected tied("tied");  // the head reads an int8 copy of the embedding table
+  const auto t = difftx_cli("generate --model " + q(hf_data / "tied") + " --prompt " + tied.joined(tied.prompt) +
+                            " --max-new-tokens 3 --weights-dtype int8 --json");
+  INFO("stderr: " << t.err);
+  CHECK(t.code == 0);
+  const auto r = difftx_cli("bench --model " + q(hf_data / "gqa") +
+                            " --seq 6 --new-tokens 3 --repeats 1 --weights-dtype int8 --kv-dtype int8 --json");
+  INFO("stderr: " << r.err);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("weights_dtype") == "int8");
+  CHECK(j.at("kv_dtype") == "int8");
+  CHECK(j.at("decode_tokens_per_s").get<double>() > 0);
+  expect_usage_error(generate + " --kv-dtype int4", {"--kv-dtype", "int4"});
+}
+
+TEST_CASE("cli low-bit: bench and run take --logit-bits, --qk-dtype, --weights-dtype and --kv-dtype; rows say which ran") {
+  auto json = [](const std::string& args) {
+    const auto r = difftx_cli("bench --json --repeats 1 " + args);
+    INFO("difftx bench " << args << "\nstderr: " << r.err);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out);
+  };
+  for (const char* storage : {"--weights-dtype int8", "--kv-dtype int8", "--weights-dtype int8 --kv-dtype int8"}) {
+    const auto j = json(std::string("--module decoder_layer --batch 2 --context 9 --d-model 16 --heads 2 --decode ") + storage);
+    CHECK(j.at("decode_step_ms").get<double>() > 0);
+    CHECK(j.at("weights_dtype") == (std::string(storage).find("--weights-dtype") != std::string::npos ? "int8" : "same"));
+    CHECK(j.at("kv_dtype") == (std::string(storage).find("--kv-dtype") != std::string::npos ? "int8" : "same"));
+  }
+  const auto q = json("--module attention --batch 1 --seq 9 --d-model 16 --heads 2 --logit-bits 6 --qk-dtype int8");
+  CHECK(q.at("logit_bits") == 6);
+  CHECK(q.at("qk_dtype") == "int8");
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 16 --heads 2 --logit-bits 3", {"--logit-bits", "3"});
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 16 --heads 2 --kv-dtype int8",
+                     {"--kv-dtype", "--decode"});
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 16 --heads 2 --qk-dtype int4", {"--qk-dtype"});
+  // run: quantized logits change the output; a backward through them is bad input, nothing written.
+  const std::string run = "run" + fixture_flags + " --kv-heads 1 --weights " + fixture_weights + " --input " + fixture_input;
+  test_support::temp_folder folder;
+  const auto plain = folder.path() / "plain.npy", four = folder.path() / "four.npy", never = folder.path() / "never.npy";
+  REQUIRE(difftx_cli(run + " --output " + plain.string()).code == 0);
+  REQUIRE(difftx_cli(run + " --logit-bits 4 --output " + four.string()).code == 0);
+  CHECK(io::read_npy(plain.string()).values() != io::read_npy(four.string()).values());
+  const auto r = difftx_cli(run + " --logit-bits 4 --output " + never.string() + " --grad-output " + fixture_input +
+                            " --grad-input " + (folder.path() / "dx.npy").string());
+  CHECK(r.code == 3);
+  CHECK(r.err.find("logit_bits") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(never));
+}

@@ -362,3 +362,70 @@ TEST_CASE("the two-model report keeps its columns and its six checks") {
   CHECK_FALSE(j.contains("v2"));
   CHECK(j.at("setup").at("model").contains("v2_heads") == false);
 }
+
+TEST_CASE("accuracy with quantized attention logits: 16 bits is the evaluation itself, the report's table and files") {
+  const auto task = tiny_task();
+  const index_t V = vocabulary(task).size;
+  const eval_config eval{.per_cell = 2, .stats_batch = 1};
+  trainer diff(make_diff_model<8, policy::reference>(tiny_model(), V), task, tiny_training(20));
+  trainer base(make_baseline_model<8, policy::reference>(tiny_model(), V), task, tiny_training(20));
+  diff.train();
+  base.train();
+  auto quantized = [](int bits) {
+    model_config m = tiny_model();
+    m.logit_bits = bits;
+    return m;
+  };
+  std::vector<model_run> runs(2);
+  runs[0] = {.name = "diff", .label = "DIFF Transformer", .short_label = "DIFF", .parameters = diff.parameter_count(),
+             .history = diff.history(), .eval = diff.evaluate(eval)};
+  runs[1] = {.name = "baseline", .label = "Transformer", .short_label = "Transformer", .parameters = base.parameter_count(),
+             .history = base.history(), .eval = base.evaluate(eval)};
+  diff.evaluate_logit_bits(eval, [&](int bits) { return make_diff_model<8, policy::reference>(quantized(bits), V); },
+                           runs[0].eval);
+  base.evaluate_logit_bits(eval, [&](int bits) { return make_baseline_model<8, policy::reference>(quantized(bits), V); },
+                           runs[1].eval);
+  for (const auto& run : runs) {
+    const auto& by_bits = run.eval.by_logit_bits;
+    REQUIRE(by_bits.size() == 4);
+    index_t correct = 0, total = 0;
+    for (const auto& c : run.eval.cells) {
+      correct += c.correct;
+      total += c.total;
+    }
+    for (std::size_t i = 0; i < 4; ++i) {
+      CHECK(by_bits[i].bits == logit_bit_levels[i]);
+      CHECK(by_bits[i].total == total);  // the same queries at every bit count
+    }
+    CHECK(by_bits[0].correct == correct);
+  }
+  // A model built with logit_bits = 16 and the trained weights decodes what the trained model does.
+  {
+    evaluation again;
+    again.cells = runs[0].eval.cells;
+    diff.evaluate_logit_bits(eval, [&](int) { return make_diff_model<8, policy::reference>(quantized(16), V); }, again);
+    for (std::size_t i = 1; i < 4; ++i) CHECK(again.by_logit_bits[i].correct == again.by_logit_bits[0].correct);
+  }
+
+  run_setup setup;
+  setup.task = task;
+  setup.model = tiny_model();
+  setup.train = tiny_training(20);
+  setup.head_dim = 8;
+  test_support::temp_folder folder;
+  write_report(folder.path(), setup, {&runs[0], &runs[1]}, 1.0);
+  std::ifstream csv(folder / "logit_bits.csv");
+  std::string header, row;
+  std::getline(csv, header);
+  std::getline(csv, row);
+  CHECK(header == "bits,diff_accuracy,diff_standard_error,baseline_accuracy,baseline_standard_error");
+  CHECK(row.rfind("16,", 0) == 0);
+  std::ifstream in(folder / "report.json");
+  const auto j = nlohmann::json::parse(in);
+  for (const char* bits : {"16", "8", "6", "4"}) CHECK(j.at("diff").at("accuracy_by_logit_bits").contains(bits));
+  CHECK(j.at("logit_bits").at("reading").size() == 4);  // one line per model, two for DIFF against the Transformer
+  std::stringstream md;
+  md << std::ifstream(folder / "report.md").rdbuf();
+  CHECK(md.str().find("## Attention logits in low bits") != std::string::npos);
+  CHECK(md.str().find("| DIFF Transformer | ") != std::string::npos);
+}

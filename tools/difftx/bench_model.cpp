@@ -44,6 +44,8 @@ void bench_model(const model_bench_options& o) {
   const model_source source(o.model, o.flags);
   auto spec = source.spec();
   spec.bf16_product = o.bf16_product;
+  spec.weights = storage_of(o.weights_dtype);
+  spec.kv_cache = storage_of(o.kv_dtype);
   random_stream rng(1);
   std::vector<token_t> prompt(static_cast<std::size_t>(o.prompt_tokens));
   for (auto& t : prompt)
@@ -79,7 +81,8 @@ void bench_model(const model_bench_options& o) {
                                          {"d_model", a.d_model}, {"heads", a.heads}, {"kv_heads", a.kv_heads},
                                          {"head_dim", a.head_dim}, {"ffn_dim", spec.first().ffn_dim},
                                          {"policy", row.policy}, {"policy_detail", row.description},
-                                         {"dtype", o.dtype}, {"threads", row.threads}, {"repeats", o.repeats},
+                                         {"dtype", o.dtype}, {"weights_dtype", o.weights_dtype},
+                                         {"kv_dtype", o.kv_dtype}, {"threads", row.threads}, {"repeats", o.repeats},
                                          {"prompt_tokens", o.prompt_tokens}, {"new_tokens", o.new_tokens},
                                          {"prefill_ms", row.prefill_ms},
                                          {"prefill_tokens_per_s", double(o.prompt_tokens) / row.prefill_ms * 1e3},
@@ -89,10 +92,11 @@ void bench_model(const model_bench_options& o) {
                                   .c_str());
     return;
   }
-  std::printf("difftx bench --model: %s (%s), %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td, %s; "
-              "prompt of %td tokens, then %td decode steps; median of %d runs after a warm-up\n",
+  std::printf("difftx bench --model: %s (%s), %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td, %s "
+              "(weights %s, KV cache %s); prompt of %td tokens, then %td decode steps; median of %d runs after a warm-up\n",
               o.model.c_str(), source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads,
-              a.kv_heads, a.head_dim, spec.first().ffn_dim, o.dtype.c_str(), o.prompt_tokens, o.new_tokens, o.repeats);
+              a.kv_heads, a.head_dim, spec.first().ffn_dim, o.dtype.c_str(), o.weights_dtype.c_str(), o.kv_dtype.c_str(),
+              o.prompt_tokens, o.new_tokens, o.repeats);
   std::printf("%-34s %7s %12s %16s %15s %16s\n", "policy", "threads", "prefill ms", "prefill tokens/s", "decode ms/token",
               "decode tokens/s");
   for (const auto& row : rows)

@@ -38,6 +38,9 @@ struct bench_options {
   std::string bf16_product = "automatic";  // module_spec::bf16_product
   std::string model;  // --model: a language model's prefill and decode instead
   index_t new_tokens = 32;
+  int logit_bits = 16;                                  // low-bit inference (low_bit_options.cpp)
+  std::string weights_dtype = "same", kv_dtype = "same";  // --decode only
+  std::string qk_dtype = "same";
 };
 
 struct flop_count {
@@ -93,7 +96,8 @@ double median_ms(const runner& module, int repeats, const std::function<void()>&
 module_spec bench_spec(const bench_options& o) {
   module_spec s{.kind = o.module, .d_model = o.d_model, .heads = o.heads, .kv_heads = o.kv_heads,
                 .head_dim = o.head_dim, .ffn_dim = o.ffn_dim, .causal = !o.no_causal, .differential = !o.baseline,
-                .threads = o.threads, .bf16_product = o.bf16_product};
+                .threads = o.threads, .bf16_product = o.bf16_product,
+                .logit_bits = o.logit_bits, .qk_dtype = storage_of(o.qk_dtype)};
   if (o.baseline && !is_v2(s.kind))
     throw CLI::ValidationError("--baseline", "applies to multihead_v2 and decoder_layer_v2 only (the V1 baseline is "
                                              "--module attention with 2h heads)");
@@ -142,7 +146,7 @@ bench_row time_policy(const bench_options& o, const module_spec& spec, const std
   row.compiled_head_dim =
       !is_v2(spec.kind) && std::find(compiled.begin(), compiled.end(), spec.head_dim) != compiled.end();  // V2: dynamic only
   if (o.decode) {
-    module->prepare_decode();
+    module->prepare_decode(storage_of(o.weights_dtype), storage_of(o.kv_dtype));
     row.decode_ms = median_ms(*module, o.repeats, [&] { module->decode_step(); });
     return row;
   }
@@ -177,7 +181,8 @@ void print_decode(const bench_options& o, const module_spec& spec, const std::ve
                        {"dtype", o.dtype}, {"threads", row.threads}, {"batch", o.batch}, {"context", o.context},
                        {"d_model", o.d_model}, {"repeats", o.repeats}, {"decode_step_ms", row.decode_ms},
                        {"decode_tokens_per_s", tokens / row.decode_ms * 1e3},
-                       {"decode_speedup_vs_first", rows.front().decode_ms / row.decode_ms}};
+                       {"decode_speedup_vs_first", rows.front().decode_ms / row.decode_ms},
+                       {"weights_dtype", o.weights_dtype}, {"kv_dtype", o.kv_dtype}, {"logit_bits", o.logit_bits}};
       if (uses_head_dim(spec.kind))
         j.update({{"heads", spec.heads}, {"kv_heads", spec.kv_heads}, {"head_dim", spec.head_dim}});
       if (is_v2(spec.kind)) j["differential"] = spec.differential;
@@ -188,7 +193,9 @@ void print_decode(const bench_options& o, const module_spec& spec, const std::ve
   std::printf("difftx bench --decode: %s, one new token per sequence with %lld cached, prompt %s, %s; median of %d steps "
               "after a warm-up; x = the first policy's time / this one's\n",
               o.module.c_str(), static_cast<long long>(o.context), describe_shape(o, spec, o.context).c_str(),
-              o.dtype.c_str(), o.repeats);
+              (o.dtype + ", weights " + o.weights_dtype + ", KV cache " + o.kv_dtype + ", logit bits " +
+               std::to_string(o.logit_bits)).c_str(),
+              o.repeats);
   std::printf("%-34s %7s %-16s %10s %12s %7s\n", "policy", "threads", "pass", "median ms", "tokens/s", "x");
   for (const auto& row : rows)
     std::printf("%-34s %7d %-16s %10.3f %12.1f %7.2f\n", row.description.c_str(), row.threads, "decode step",
@@ -227,6 +234,7 @@ void bench(const bench_options& o) {
     for (const auto& row : rows) {
       nlohmann::json j{{"module", o.module}, {"policy", row.policy}, {"policy_detail", row.description},
                        {"dtype", o.dtype}, {"threads", row.threads}, {"batch", o.batch}, {"seq", o.seq},
+                       {"logit_bits", o.logit_bits}, {"qk_dtype", o.qk_dtype},
                        {"d_model", o.d_model}, {"repeats", o.repeats}, {"forward_ms", row.forward_ms},
                        {"forward_tokens_per_s", tokens / row.forward_ms * 1e3}, {"forward_flops", flops.forward},
                        {"forward_gflops", gflops(flops.forward, row.forward_ms)},
@@ -246,7 +254,11 @@ void bench(const bench_options& o) {
     return;
   }
   std::printf("difftx bench: %s on %s, %s; median of %d runs after a warm-up; x = the first policy's time / this one's\n",
-              o.module.c_str(), shape.c_str(), o.dtype.c_str(), o.repeats);
+              o.module.c_str(), shape.c_str(),
+              (o.dtype + (o.logit_bits != 16 ? ", logit bits " + std::to_string(o.logit_bits) : "") +
+               (o.qk_dtype == "int8" ? ", int8 Q·Kᵀ" : ""))
+                  .c_str(),
+              o.repeats);
   std::printf("%-34s %7s %-16s %10s %12s %9s %7s\n", "policy", "threads", "pass", "median ms", "tokens/s", "GFLOP/s", "x");
   auto line = [&](const bench_row& row, const char* pass, double ms, double first_ms, double flop) {
     char rate[32] = "-";
@@ -313,6 +325,12 @@ void add_bench_command(CLI::App& app) {
   decode->needs(context)->excludes(backward)->excludes(seq)->excludes(model);
   backward->excludes(model);
   context->needs(decode);
+  add_logit_bits_option(*cmd, o->logit_bits);
+  auto* weights_dtype = add_storage_option(*cmd, "--weights-dtype", o->weights_dtype,
+                                          "--decode or --model: the projections' weights (int8: each output "
+                                          "channel's, quantized once)");
+  auto* kv_dtype = add_storage_option(*cmd, "--kv-dtype", o->kv_dtype, "--decode or --model: the KV cache's keys and values");
+  add_storage_option(*cmd, "--qk-dtype", o->qk_dtype, "the forward's attention scores Q·Kᵀ (int8: on int8 queries and keys)");
   cmd->add_option("--repeats", o->repeats, "timed runs (after one warm-up run)")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
@@ -330,9 +348,13 @@ void add_bench_command(CLI::App& app) {
       "Not counted: RMSNorm, RoPE, softmax, the SwiGLU gate, V2's a_2i - lambda a_2i+1,\n"
       "residual adds (O(B·N·C) each), so rmsnorm reports no GFLOP/s.\n" +
       exit_codes_help);
-  cmd->callback([o, heads, kv_heads] {
+  cmd->callback([o, heads, kv_heads, weights_dtype, kv_dtype] {
+    for (const auto* storage : {weights_dtype, kv_dtype})
+      if (storage->count() && !o->decode && o->model.empty())
+        throw CLI::ValidationError(storage->get_name(), "applies to --decode or --model (the decode of a cache)");
     if (!o->model.empty())
       return bench_model({.model = o->model, .dtype = o->dtype, .policies = o->policies, .bf16_product = o->bf16_product,
+                          .weights_dtype = o->weights_dtype, .kv_dtype = o->kv_dtype,
                           .flags = {.heads = heads->count() ? o->heads : 0, .kv_heads = kv_heads->count() ? o->kv_heads : 0,
                                     .threads = o->threads},
                           .prompt_tokens = o->seq ? o->seq : 128, .new_tokens = o->new_tokens, .repeats = o->repeats,

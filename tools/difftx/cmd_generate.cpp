@@ -28,6 +28,7 @@ struct generate_options {
   model_flags flags;
   bool json = false;
   std::string dtype, policy;
+  std::string weights_dtype = "same", kv_dtype = "same";  // low-bit inference (low_bit_options.cpp)
 };
 
 void require_prompt_in_vocabulary(const std::vector<token_t>& prompt, index_t vocab_size, const std::string& model) {
@@ -66,7 +67,9 @@ void generate(const generate_options& o) {
     if (bos) prompt.push_back(*bos);
     for (const auto id : tokenizer->encode(o.text)) prompt.push_back(id);
   }
-  const auto& spec = source.spec();
+  auto spec = source.spec();
+  spec.weights = storage_of(o.weights_dtype);
+  spec.kv_cache = storage_of(o.kv_dtype);
   require_prompt_in_vocabulary(prompt, spec.model.vocab_size, o.model);
   const auto model = make_language_model_runner(spec, o.policy, type);
   source.load_into(*model);
@@ -93,18 +96,19 @@ void generate(const generate_options& o) {
                      {"layers", spec.layers.size()}, {"vocab_size", spec.model.vocab_size},
                      {"d_model", a.d_model}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
                      {"ffn_dim", l.ffn_dim}, {"policy", o.policy}, {"policy_detail", policy_description(o.policy, model->bf16_product())},
-                     {"dtype", o.dtype}, {"threads", model->threads()}};
+                     {"dtype", o.dtype}, {"weights_dtype", o.weights_dtype}, {"kv_dtype", o.kv_dtype},
+                     {"threads", model->threads()}};
     j["decode_ms_per_token"] = steps > 0 ? nlohmann::json(decode_ms / static_cast<double>(steps)) : nlohmann::json();
     j["decode_tokens_per_s"] = steps > 0 ? nlohmann::json(static_cast<double>(steps) / decode_ms * 1e3) : nlohmann::json();
     if (tokenizer) j["text"] = tokenizer->decode(generated);
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  std::printf("difftx generate: %s, %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td; %s, %s, %d thread%s\n",
+  std::printf("difftx generate: %s, %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td; %s, %s "
+              "(weights %s, KV cache %s), %d thread%s\n",
               source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads, a.kv_heads,
               a.head_dim, l.ffn_dim, policy_description(o.policy, model->bf16_product()).c_str(), o.dtype.c_str(),
-              model->threads(),
-              model->threads() == 1 ? "" : "s");
+              o.weights_dtype.c_str(), o.kv_dtype.c_str(), model->threads(), model->threads() == 1 ? "" : "s");
   if (tokenizer) std::printf("prompt: %s\n", joined(prompt).c_str());
   std::printf("tokens: %s\n", joined(generated).c_str());
   if (tokenizer) std::printf("text: %s\n", tokenizer->decode(generated).c_str());
@@ -136,6 +140,9 @@ void add_generate_command(CLI::App& app) {
   add_dtype_option(*cmd, o->dtype);
   add_policy_option(*cmd, o->policy);
   add_threads_option(*cmd, o->flags.threads, "OMP_NUM_THREADS or every core");
+  add_storage_option(*cmd, "--weights-dtype", o->weights_dtype,
+                     "the projections' and the LM head's weights (int8: each output channel's, quantized as they load)");
+  add_storage_option(*cmd, "--kv-dtype", o->kv_dtype, "the KV cache's keys and values");
   cmd->add_flag("--json", o->json,
                 "print one JSON object: tokens (and text), prefill_ms and prefill_tokens_per_s, decode_ms, "
                 "decode_ms_per_token and decode_tokens_per_s, the sizes, policy, dtype and threads");

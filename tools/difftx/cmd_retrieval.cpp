@@ -95,9 +95,10 @@ class progress {
   std::mutex mutex_;
 };
 
-template <class Layer>
+// make_model(bits): an untrained model of t's architecture with its attention logits quantized to `bits`.
+template <class Layer, class MakeModel>
 model_run train_and_evaluate(trainer<Layer>& t, const std::string& name, const std::string& label, const run_setup& s,
-                             progress& p) {
+                             progress& p, const MakeModel& make_model) {
   model_run r;
   r.name = name;
   r.label = label;
@@ -109,6 +110,8 @@ model_run train_and_evaluate(trainer<Layer>& t, const std::string& name, const s
   r.tokens_per_second = static_cast<double>(s.train.steps * s.train.batch * s.task.context) / r.train_seconds;
   p.print("%-8s evaluating: %td sequences per (N, R, depth), greedy decoding\n", name.c_str(), s.eval.per_cell);
   r.eval = t.evaluate(s.eval);
+  p.print("%-8s evaluating with attention logits quantized to 8, 6 and 4 bits\n", name.c_str());
+  t.evaluate_logit_bits(s.eval, make_model, r.eval);
   r.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - trained).count();
   r.history = t.history();
   return r;
@@ -128,6 +131,11 @@ void run(const options& o, const Policy& policy) {
   trainer base(make_baseline_model<D>(s.model, V, policy), s.task, s.train);
   if (wanted("diff")) diff.emplace(make_diff_model<D>(s.model, V, policy), s.task, s.train);
   if (wanted("v2")) v2.emplace(make_v2_model(s.model, V, policy), s.task, s.train);
+  auto quantized = [&](int bits) {  // the run's model_config with its attention logits quantized
+    model_config m = s.model;
+    m.logit_bits = bits;
+    return m;
+  };
   progress p(s, o.quiet);
 
   // One job per model, in report order; each writes only its own result.
@@ -138,19 +146,23 @@ void run(const options& o, const Policy& policy) {
   };
   std::vector<job> jobs;
   auto add = [&](auto& t, const std::string& name, const std::string& label, const std::string& short_label,
-                 const std::string& shape) {
-    jobs.push_back({name, label, short_label, shape, t.parameter_count(), [&t, name, label, short_label, &s, &p] {
-                      auto r = train_and_evaluate(t, name, label, s, p);
+                 const std::string& shape, auto make_model) {
+    jobs.push_back({name, label, short_label, shape, t.parameter_count(), [&t, name, label, short_label, &s, &p, make_model] {
+                      auto r = train_and_evaluate(t, name, label, s, p, make_model);
                       r.short_label = short_label;
                       return r;
                     }});
   };
   const index_t h = s.model.heads;
-  if (diff) add(*diff, "diff", "DIFF Transformer", "DIFF", std::to_string(h) + " heads of 2x" + std::to_string(D));
+  if (diff)
+    add(*diff, "diff", "DIFF Transformer", "DIFF", std::to_string(h) + " heads of 2x" + std::to_string(D),
+        [&, quantized](int bits) { return make_diff_model<D>(quantized(bits), V, policy); });
   if (v2)
     add(*v2, "v2", "DIFF V2", "DIFF V2",
-        std::to_string(2 * h) + " heads of " + std::to_string(D) + " from " + std::to_string(4 * h) + " query heads");
-  add(base, "baseline", "Transformer", "Transformer", std::to_string(2 * h) + " heads of " + std::to_string(D));
+        std::to_string(2 * h) + " heads of " + std::to_string(D) + " from " + std::to_string(4 * h) + " query heads",
+        [&, quantized](int bits) { return make_v2_model(quantized(bits), V, policy); });
+  add(base, "baseline", "Transformer", "Transformer", std::to_string(2 * h) + " heads of " + std::to_string(D),
+      [&, quantized](int bits) { return make_baseline_model<D>(quantized(bits), V, policy); });
   std::string models;
   for (const auto& j : jobs)
     models += (models.empty() ? "" : ", ") + j.short_label + " " + j.shape + " (" + std::to_string(j.parameters) + " parameters)";
@@ -194,6 +206,8 @@ void run(const options& o, const Policy& policy) {
                 list[1]->short_label.c_str());
     for (const auto& line : v.notes) std::printf("  - %s\n", line.c_str());
   }
+  std::printf("attention logits quantized to 16, 8, 6 and 4 bits (the paper's Figure 8):\n");
+  for (const auto& line : retrieval::detail::logit_bits_reading(list)) std::printf("  - %s\n", line.c_str());
 }
 
 template <class Policy>

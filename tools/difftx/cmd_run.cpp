@@ -29,6 +29,7 @@ struct run_options {
   double rope_theta = 10000.0, eps = 1e-5;
   bool no_causal = false;
   int threads = 0;
+  int logit_bits = 16;  // low-bit inference (low_bit_options.cpp)
   std::string dtype, policy;
 };
 
@@ -71,7 +72,7 @@ void run(const run_options& o) {
     const auto weights = io::read_safetensors(o.weights);
     const module_spec given{.kind = o.module, .heads = o.heads, .kv_heads = o.kv_heads, .layer_index = o.layer_index,
                             .ffn_dim = o.ffn_dim, .rope_theta = o.rope_theta, .eps = o.eps, .causal = !o.no_causal,
-                            .threads = o.threads};
+                            .threads = o.threads, .logit_bits = o.logit_bits};
     module = make_runner(spec_from_weights(given, shapes_of(weights), o.weights, "run"), o.policy, type);
     module->load(weights, o.weights);
   }
@@ -153,6 +154,7 @@ void add_run_command(CLI::App& app) {
   auto* rope_theta =
       cmd->add_option("--rope-theta", o->rope_theta, "RoPE base")->check(positive_finite())->capture_default_str();
   cmd->add_flag("--no-causal", o->no_causal, "attend to every position, not only earlier ones");
+  add_logit_bits_option(*cmd, o->logit_bits);
   cmd->add_option("--ffn-dim", o->ffn_dim, "SwiGLU hidden size F (default: from gate_proj.weight)")
       ->check(count_in(1));
   auto* eps = cmd->add_option("--eps", o->eps, "RMSNorm epsilon (rmsnorm, and decoder_layer's two norms)")

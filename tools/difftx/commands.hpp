@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include <difftx/io/dtype.hpp>
+#include <difftx/ops/int8.hpp>
 
 namespace difftx::cli {
 
@@ -50,5 +51,11 @@ CLI::Option* add_module_option(CLI::App& command, std::string& module);
 CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& default_text);
 // The dtype of a validated --dtype, refusing one the policy does not compute in (a usage error).
 io::dtype checked_dtype(const std::string& dtype, const std::string& policy);
+
+// Low-bit inference (low_bit_options.cpp): --logit-bits B (4..8, or 16: off);
+// --weights-dtype / --kv-dtype same|int8, read with storage_of.
+CLI::Option* add_logit_bits_option(CLI::App& command, int& bits);
+CLI::Option* add_storage_option(CLI::App& command, const std::string& name, std::string& storage, const std::string& what);
+inference_dtype storage_of(const std::string& storage);
 
 }  // namespace difftx::cli

@@ -23,7 +23,8 @@ class model_runner final : public language_model_runner {
   using T = typename Model::value_type;
 
  public:
-  explicit model_runner(Model model) : model_(std::move(model)) {}
+  model_runner(Model model, inference_dtype weights, inference_dtype kv_cache)
+      : model_(std::move(model)), weights_(weights), kv_cache_(kv_cache) {}
 
   void load(const io::diffllama_checkpoint& checkpoint) override { load_from(checkpoint); }
   void load(const io::mapped_safetensors& file) override { load_from(file); }
@@ -45,7 +46,7 @@ class model_runner final : public language_model_runner {
   token_t prefill(std::span<const token_t> prompt, index_t capacity) override {
     Tensor<token_t, 2> tokens({1, static_cast<index_t>(prompt.size())});
     std::copy(prompt.begin(), prompt.end(), tokens.data());
-    cache_ = model_.make_cache(1, capacity);
+    cache_ = model_.make_cache(1, capacity, kv_cache_);
     logits_.resize(model_.output_shape(tokens.shape()), model_.policy().memory());
     model_.prefill(tokens.const_view(), cache_, logits_.view());
     return last_argmax();
@@ -70,6 +71,7 @@ class model_runner final : public language_model_runner {
     for (const auto& p : model_.parameters())
       require_finite("load", source.label() + ": " + p.name + " as " + std::string(scalar_traits<T>::name),
                      p.value_view());
+    if (weights_ == inference_dtype::int8) quantize(model_);
   }
 
   // The largest logit of the last position (the first of equal ones); a NaN
@@ -94,6 +96,7 @@ class model_runner final : public language_model_runner {
   }
 
   Model model_;
+  inference_dtype weights_, kv_cache_;
   typename Model::cache_type cache_;
   Tensor<T, 3> logits_;  // [B, tokens of the last call, V]
 };
@@ -106,7 +109,8 @@ std::unique_ptr<language_model_runner> make_model(const language_model_spec& spe
   std::vector<Layer> layers;
   layers.reserve(spec.layers.size());
   for (const auto& config : spec.layers) layers.emplace_back(config, policy);
-  return std::make_unique<model_runner<LanguageModel<Layer>>>(LanguageModel<Layer>(spec.model, std::move(layers)));
+  return std::make_unique<model_runner<LanguageModel<Layer>>>(LanguageModel<Layer>(spec.model, std::move(layers)), spec.weights,
+                                                           spec.kv_cache);
 }
 
 // f(entry) for each host registry entry, in order.

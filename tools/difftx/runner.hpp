@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <difftx/io/tensor_file.hpp>
+#include <difftx/ops/int8.hpp>
 
 namespace difftx::cli {
 
@@ -32,6 +33,8 @@ struct module_spec {
   // simd: the path of bfloat16 matrix products, policy::simd::bf16_products
   // by name (automatic, converting, dot_instructions).
   std::string bf16_product = "automatic";
+  int logit_bits = 16;  // attention logits quantized to this many bits (16: not at all)
+  inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys
 };
 
 // The module kinds `difftx run` and `difftx bench` take (decoder_stack is the check's).
@@ -65,7 +68,8 @@ class runner {
   // prefill the input x [B, N, C] into a fresh cache of N + 1 tokens per
   // sequence; then each decode_step() decodes one new token per sequence (a
   // copy of x's last) with the cache held at N tokens, so every step costs the same.
-  virtual void prepare_decode() = 0;
+  // weights int8: every projection quantized first; cache int8: an int8 KV cache.
+  virtual void prepare_decode(inference_dtype weights, inference_dtype cache) = 0;
   virtual void decode_step() = 0;
   // Throw input_error if y (after forward) or dx and a parameter gradient
   // (after backward) holds a NaN or an infinity, naming the tensor, the first

@@ -100,10 +100,11 @@ class module_runner final : public runner {
     dx_.resize(x_.shape(), memory());
     module_.backward(x_.view(), dy_.view(), saved_, dx_.view());
   }
-  void prepare_decode() override {
+  void prepare_decode(inference_dtype weights, inference_dtype cache) override {
     if constexpr (has_cache) {
       const index_t B = x_.extent(0), N = x_.extent(1), C = x_.extent(2);
-      cache_ = module_.make_cache(B, N + 1);
+      if (weights == inference_dtype::int8) quantize(module_);
+      cache_ = module_.make_cache(B, N + 1, cache);
       y_.resize(x_.shape(), memory());
       module_.prefill(x_.view(), cache_, y_.view());
       token_.resize({B, 1, C}, memory());
@@ -219,7 +220,8 @@ namespace detail {
 
 inline MultiHeadConfig multihead_config(const module_spec& s, index_t layer_offset = 0) {
   return {.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .layer_index = s.layer_index + layer_offset,
-          .rope_theta = s.rope_theta, .causal = s.causal, .head_dim = s.head_dim};
+          .rope_theta = s.rope_theta, .causal = s.causal, .head_dim = s.head_dim, .logit_bits = s.logit_bits,
+          .qk_dtype = s.qk_dtype};
 }
 
 // The policy object every module of the runner gets: spec.threads, where the
@@ -248,7 +250,8 @@ std::unique_ptr<runner> make_with_head_dim(const module_spec& s) {
     return std::make_unique<module_runner<Attention<T, D, Policy>>>(
         s.d_model,
         AttentionConfig{.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .rope_theta = s.rope_theta,
-                        .causal = s.causal, .head_dim = s.head_dim},
+                        .causal = s.causal, .head_dim = s.head_dim, .logit_bits = s.logit_bits,
+                        .qk_dtype = s.qk_dtype},
         policy);
   if (s.kind == "decoder_layer")
     return std::make_unique<module_runner<DecoderLayer<T, D, Policy>>>(
@@ -262,7 +265,8 @@ std::unique_ptr<runner> make_with_head_dim(const module_spec& s) {
 
 inline MultiHeadV2Config multihead_v2_config(const module_spec& s) {
   return {.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .rope_theta = s.rope_theta,
-          .causal = s.causal, .head_dim = s.head_dim, .differential = s.differential};
+          .causal = s.causal, .head_dim = s.head_dim, .differential = s.differential, .logit_bits = s.logit_bits,
+          .qk_dtype = s.qk_dtype};
 }
 
 // The V2 kinds, on the difftx::dynamic head size only: a compiled D would run

@@ -26,6 +26,8 @@ struct AttentionConfig {
   double rope_theta = 10000.0;
   bool causal = true;
   index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
+  int logit_bits = logits_unquantized;  // 4..8: attention logits quantized (inference, docs/semantics.md)
+  inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys (inference)
 };
 
 // modules/architecture.hpp: what an Attention's weight shapes do not say (c with its head_dim resolved).
@@ -57,7 +59,8 @@ class Attention {
   explicit Attention(const AttentionConfig& config, Policy policy = {})
       : policy_(std::move(policy)),
         config_(checked(config)),
-        heads_({config_.d_model, config_.heads, config_.kv_heads, config_.head_dim, config_.rope_theta, config_.causal},
+        heads_({config_.d_model, config_.heads, config_.kv_heads, config_.head_dim, config_.rope_theta, config_.causal,
+                config_.logit_bits, config_.qk_dtype},
                policy_),
         out_proj_(config_.heads * config_.head_dim, config_.d_model, policy_) {
     random_stream rng(0);
@@ -85,6 +88,7 @@ class Attention {
   void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx) {
     constexpr std::string_view where = "Attention::backward";
     detail::check_token_backward(where, x, dy, dx, s.input_shape, config_.d_model, policy_.memory().space());
+    require_trainable(where);
     const index_t B = x.extent(0), N = x.extent(1), HD = config_.heads * config_.head_dim;
     Tensor<T, 4> d_o(s.o.shape(), policy_.memory());
     out_proj_.backward(s.o.const_view().template reshape<3>({B, N, HD}), dy, s.out_proj,
@@ -92,10 +96,23 @@ class Attention {
     heads_.backward(x, s, d_o.const_view(), dx);
   }
 
+  // Throws input_error where the module computes for inference only (config.logit_bits, int8 weights).
+  void require_trainable(std::string_view where) const {
+    heads_.require_trainable(where);
+    out_proj_.require_trainable(where);
+  }
+  // Inference with int8 weights (modules/linear.hpp): the four projections.
+  void quantize_weights() {
+    heads_.quantize_weights();
+    out_proj_.quantize_weights();
+  }
+
   // Inference with a KV cache (modules/kv_cache.hpp): as MultiHead's.
   using cache_type = KVCache<T>;
-  cache_type make_cache(index_t batch, index_t capacity) const {
-    return cache_type(cache_shape(batch, capacity), policy_.memory());
+  // storage int8: keys and values as int8 with steps (kv_cache.hpp; low-bit CPU policies).
+  cache_type make_cache(index_t batch, index_t capacity, inference_dtype storage = inference_dtype::same) const {
+    return cache_type(detail::with_storage<Policy>("Attention::make_cache", cache_shape(batch, capacity), storage),
+                      policy_.memory());
   }
   // Prompts x [B, N, C] (or packed with cu_seqlens) -> y; the cache restarts with them.
   void prefill(cview<T, 3> x, cache_type& cache, TensorView<T, 3> y, sequence_offsets sequences = {}) const {
@@ -136,6 +153,8 @@ class Attention {
     require(c.d_model > 0, "Attention", "config.d_model", "d_model >= 1", std::to_string(c.d_model));
     c.kv_heads = detail::checked_kv_heads("Attention", c.heads, c.kv_heads);
     c.head_dim = detail::checked_head_dim<HeadDim>("Attention", c.head_dim);
+    detail::checked_logit_bits<Policy, accum_t<T>>("Attention", c.logit_bits);
+    detail::checked_qk_dtype<Policy, accum_t<T>>("Attention", c.qk_dtype);
     require(c.rope_theta > 0, "Attention", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
     return c;
   }

@@ -4,6 +4,7 @@
 // the rows asked for are recomputed from the saved (rotated) q, k and the
 // per-row log-sum-exp, with the formulas of ops/attention.hpp:
 //   S_m[i, t] = Q_m[i] · K_m[t] / sqrt(d)     the pre-softmax attention logits
+//                                             (quantized as the module's config.logit_bits says)
 //   A_m[i, t] = exp(S_m[i, t] - lse_m[i])     t <= i when causal, else every t
 //   weights   = A_1                    (Attention: one map)
 //             = A_1 - lambda A_2       (MultiHead: the weights O = weights · V uses)
@@ -19,6 +20,7 @@
 #include "difftx/modules/attention.hpp"
 #include "difftx/modules/multihead.hpp"
 #include "difftx/modules/multihead_v2.hpp"
+#include "difftx/ops/logit_quantization.hpp"
 
 namespace difftx {
 
@@ -52,7 +54,7 @@ inline void require_dense_forward(const std::vector<index_t>& sequences) {
 template <Scalar T, class LambdaOf>
 AttentionMaps<accum_t<T>> attention_maps_from(const shape_t<3>& saved_for, cview<T, 5> q, cview<T, 5> k,
                                               cview<accum_t<T>, 4> lse, LambdaOf&& lambda_of, bool causal,
-                                              index_t batch, std::span<const index_t> rows) {
+                                              int logit_bits, index_t batch, std::span<const index_t> rows) {
   using A = accum_t<T>;
   constexpr std::string_view where = "attention_maps";
   require(saved_for != shape_t<3>{}, where, "saved", "the state of a forward", "a state no forward has filled");
@@ -91,9 +93,11 @@ AttentionMaps<accum_t<T>> attention_maps_from(const shape_t<3>& saved_for, cview
         for (index_t t = 0; t < out.key_end(i); ++t) {
           A s(0.0);
           for (index_t c = 0; c < d; ++c) s = s + load(q(batch, i, h, m, c)) * load(k(batch, t, j, km, c));
-          s = s * scale;
-          const A p = scalar_traits<T>::exp(s - lse(batch, h, m, i));
-          out.scores(r, h, m, t) = s;
+          out.scores(r, h, m, t) = s * scale;
+        }
+        quantize_logits(&out.scores(r, h, m, 0), out.key_end(i), logit_bits);
+        for (index_t t = 0; t < out.key_end(i); ++t) {
+          const A p = scalar_traits<T>::exp(out.scores(r, h, m, t) - lse(batch, h, m, i));
           out.probs(r, h, m, t) = p;
           out.weights(r, h, t) = out.weights(r, h, t) + coeff * p;
         }
@@ -115,7 +119,7 @@ AttentionMaps<accum_t<T>> attention_maps(const MultiHead<T, D, Policy>& module,
   // Read only once the saved state is known to be a forward's.
   const auto lambda = [&](index_t, index_t) { return static_cast<accum_t<T>>(saved.attn.lambda(0)); };
   return detail::attention_maps_from<T>(saved.input_shape, saved.q.view(), saved.k.view(), saved.attn.lse.view(),
-                                        lambda, module.config().causal, batch, rows);
+                                        lambda, module.config().causal, module.config().logit_bits, batch, rows);
 }
 
 // Attention (the baseline): maps = 1, weights = A per head.
@@ -126,7 +130,7 @@ AttentionMaps<accum_t<T>> attention_maps(const Attention<T, D, Policy>& module,
   detail::require_dense_forward(saved.sequences);
   return detail::attention_maps_from<T>(saved.input_shape, saved.q.view(), saved.k.view(), saved.lse.view(),
                                         [](index_t, index_t) { return accum_t<T>(0.0); }, module.config().causal,
-                                        batch, rows);
+                                        module.config().logit_bits, batch, rows);
 }
 
 // MultiHeadV2: maps = 2 per output head i (query heads 2i and 2i+1), weights =
@@ -147,7 +151,7 @@ AttentionMaps<accum_t<T>> attention_maps(const MultiHeadV2<T, D, Policy>& module
       saved.input_shape, q.const_view().template reshape<5>({q.extent(0), q.extent(1), q.extent(2) / maps, maps, q.extent(4)}),
       saved.k.const_view(), lse.const_view().template reshape<4>({lse.extent(0), lse.extent(1) / maps, maps, lse.extent(3)}),
       [&](index_t row, index_t head) { return detail::sigmoid<T>(load(logits(batch, row, head))); },
-      causal, batch, rows);
+      causal, module.config().logit_bits, batch, rows);
 }
 
 }  // namespace difftx

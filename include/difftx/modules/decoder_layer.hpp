@@ -145,7 +145,9 @@ class BasicDecoderLayer {
   }
   // With a KV cache (modules/kv_cache.hpp): the attention's cache.
   using cache_type = typename Attn::cache_type;
-  cache_type make_cache(index_t batch, index_t capacity) const { return attn_.make_cache(batch, capacity); }
+  cache_type make_cache(index_t batch, index_t capacity, inference_dtype storage = inference_dtype::same) const {
+    return attn_.make_cache(batch, capacity, storage);
+  }
   KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept { return attn_.cache_shape(batch, capacity); }
   // Prompts x [B, N, C] (or packed with cu_seqlens) -> out; the cache restarts with them.
   void prefill(cview<T, 3> x, cache_type& cache, TensorView<T, 3> out, sequence_offsets sequences = {}) const {
@@ -161,6 +163,7 @@ class BasicDecoderLayer {
   void backward(cview<T, 3> x, cview<T, 3> dout, const saved_type& s, TensorView<T, 3> dx) {
     constexpr std::string_view where = "DecoderLayer::backward";
     detail::check_token_backward(where, x, dout, dx, s.input_shape, d_model(), policy_.memory().space(), "dout");
+    require_trainable(where);
     Tensor<T, 3> dy(x.shape(), policy_.memory()), d_branch(x.shape(), policy_.memory());
     // Out = SwiGLU(RMSNorm(Y)) + Y
     ffn_.backward(s.ffn_in.view(), dout, s.ffn, d_branch.view());
@@ -170,6 +173,17 @@ class BasicDecoderLayer {
     attn_.backward(s.attn_in.view(), dy.view(), s.attn, d_branch.view());
     attn_norm_.backward(x, d_branch.view(), s.attn_norm, dx);
     add_into(policy_, dy.const_view(), dx);
+  }
+
+  // Throws input_error where the layer computes for inference only (quantized logits, int8 weights).
+  void require_trainable(std::string_view where) const {
+    detail::require_trainable(attn_, where);
+    detail::require_trainable(ffn_, where);
+  }
+  // Inference with int8 weights (modules/linear.hpp): the attention's projections and the FFN's.
+  void quantize_weights() {
+    attn_.quantize_weights();
+    ffn_.quantize_weights();
   }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {

@@ -17,6 +17,7 @@
 #include "difftx/ops/attention.hpp"
 #include "difftx/ops/attention_decode.hpp"
 #include "difftx/ops/diff_lambda.hpp"
+#include "difftx/ops/logit_quantization.hpp"
 #include "difftx/policy/reference.hpp"
 
 namespace difftx {
@@ -27,6 +28,8 @@ struct DiffAttnConfig {
   index_t layer_index = 0;  // l, sets lambda_init
   bool causal = true;
   index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
+  int logit_bits = logits_unquantized;  // 4..8: both maps' logits quantized (inference; ops/logit_quantization.hpp)
+  inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys (inference; ops/attention.hpp)
 };
 
 namespace detail {
@@ -72,6 +75,8 @@ class DiffAttn {
         layer_index_(checked_layer_index(config.layer_index)),
         head_dim_(detail::checked_head_dim<HeadDim>("DiffAttn", config.head_dim)),
         causal_(config.causal),
+        logit_bits_(detail::checked_logit_bits<Policy, accum_t<T>>("DiffAttn", config.logit_bits)),
+        qk_dtype_(detail::checked_qk_dtype<Policy, accum_t<T>>("DiffAttn", config.qk_dtype)),
         lambda_q1_({head_dim_}, policy_.memory()),
         lambda_k1_({head_dim_}, policy_.memory()),
         lambda_q2_({head_dim_}, policy_.memory()),
@@ -85,6 +90,7 @@ class DiffAttn {
   index_t layer_index() const noexcept { return layer_index_; }
   index_t head_dim() const noexcept { return head_dim_; }  // D
   bool causal() const noexcept { return causal_; }
+  int logit_bits() const noexcept { return logit_bits_; }
   double lambda_init() const noexcept { return difftx::lambda_init(layer_index_); }
 
   shape_t<5> q_shape(index_t B, index_t N) const noexcept { return {B, N, heads_, 2, head_dim_}; }
@@ -104,8 +110,12 @@ class DiffAttn {
     saved.o2.resize(output_shape(B, N), policy_.memory());
     forward_lambda(saved.lambda.view());
     detail::for_each_sequence(sequences, [&](const auto& seq) {
-      attention_forward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
-                           seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()));
+      if constexpr (low_bit_policy<Policy>)
+        attention_forward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
+                             seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()), logit_bits_, qk_dtype_);
+      else
+        attention_forward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
+                             seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()));
     });
     saved.sequences.assign(sequences.begin(), sequences.end());
     saved.input_shape = {B, N, heads_};
@@ -123,6 +133,7 @@ class DiffAttn {
     require_shape(where, "dq", dq, q.shape());
     require_shape(where, "dk", dk, k.shape());
     require_shape(where, "dv", dv, v.shape());
+    require_trainable(where);
     // A packed batch: lambda's gradient is a sum over its sequences, so each
     // sequence's dlambda goes through diff_lambda_backward, which accumulates.
     Tensor<accum_t<T>, 1> dlambda({1}, policy_.memory());
@@ -149,13 +160,28 @@ class DiffAttn {
     require(causal_, where, "config.causal", "a causal module (decoding appends to the past)", "non-causal");
     Tensor<accum_t<T>, 1> lambda({1}, policy_.memory());
     forward_lambda(lambda.view());
-    attention_decode<2>(policy_, q, cache.keys(), cache.values(), cache.lengths(), lambda.const_view(), o);
+    if constexpr (low_bit_policy<Policy>) {
+      if (cache.storage() == inference_dtype::int8)
+        attention_decode<2>(policy_, q, cache.int8_view(), cache.lengths(), lambda.const_view(), o, logit_bits_);
+      else
+        attention_decode<2>(policy_, q, cache.keys(), cache.values(), cache.lengths(), lambda.const_view(), o,
+                            logit_bits_);
+    } else {
+      attention_decode<2>(policy_, q, cache.keys(), cache.values(), cache.lengths(), lambda.const_view(), o);
+    }
   }
   // What a cache of this operator holds: both key halves, values of 2D.
   KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept {
     return {batch, capacity, kv_heads_, 2, head_dim_, 2 * head_dim_};
   }
 
+  // Quantized logits have a zero derivative almost everywhere: such a module is for inference.
+  void require_trainable(std::string_view where) const {
+    require(logit_bits_ == logits_unquantized, where, "config.logit_bits",
+            "16 (a backward needs unquantized logits; quantization is for inference)", std::to_string(logit_bits_));
+    require(qk_dtype_ == inference_dtype::same, where, "config.qk_dtype",
+            "same (a backward needs the unquantized queries and keys; int8 is for inference)", "int8");
+  }
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
     return {lambda_q1_.ref(prefix + "lambda_q1"), lambda_k1_.ref(prefix + "lambda_k1"),
             lambda_q2_.ref(prefix + "lambda_q2"), lambda_k2_.ref(prefix + "lambda_k2")};
@@ -192,6 +218,8 @@ class DiffAttn {
   Policy policy_;
   index_t heads_, kv_heads_, layer_index_, head_dim_;
   bool causal_;
+  int logit_bits_;
+  inference_dtype qk_dtype_;
   Parameter<T, 1> lambda_q1_, lambda_k1_, lambda_q2_, lambda_k2_;
 };
 

@@ -9,12 +9,20 @@
 // token and layer: G · (Maps · d + dv) · sizeof(T), the same for both at the
 // paper's matched sizes. Rows past a sequence's length are never read.
 //
+// int8 storage (make_cache(batch, capacity, inference_dtype::int8), the
+// low-bit CPU policies; ops/int8.hpp): keys as int8 with a step per (token,
+// group, map) and values as int8 with a step per (token, group), quantized as
+// they are appended; decoding reads them as step · int8. Bytes per token and
+// layer: G · (Maps · d + dv) + G · (Maps + 1) · sizeof(accum_t<T>), a quarter
+// of float32's plus the steps.
+//
 // Modules make their cache (make_cache(batch, capacity)); prefill() restarts it
 // with a prompt and decode() appends. Every change is checked before anything
 // is written: an append past the capacity throws and changes nothing.
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,6 +31,8 @@
 #include "difftx/core/checks.hpp"
 #include "difftx/core/tensor.hpp"
 #include "difftx/modules/sequences.hpp"
+#include "difftx/ops/int8.hpp"
+#include "difftx/ops/logit_quantization.hpp"
 
 namespace difftx {
 
@@ -33,30 +43,55 @@ struct KVCacheShape {
   index_t maps = 1;      // 1 (standard) or 2 (differential)
   index_t head_dim = 0;  // d, per map
   index_t value_dim = 0; // dv
+  inference_dtype storage = inference_dtype::same;  // T, or int8 with steps
 };
+
 
 template <Scalar T>
 class KVCache {
  public:
   KVCache() = default;
-  KVCache(const KVCacheShape& shape, memory_resource& memory)
-      : shape_(checked(shape)),
-        keys_({shape.batch, shape.capacity, shape.kv_heads, shape.maps, shape.head_dim}, memory),
-        values_({shape.batch, shape.capacity, shape.kv_heads, shape.value_dim}, memory),
-        lengths_(static_cast<std::size_t>(shape.batch), 0) {}
+  KVCache(const KVCacheShape& shape, memory_resource& memory) : shape_(checked(shape)), lengths_(static_cast<std::size_t>(shape.batch), 0) {
+    const index_t B = shape.batch, S = shape.capacity, G = shape.kv_heads;
+    if (shape.storage == inference_dtype::int8) {
+      require(memory.space() == memory_space::host, "KVCache", "memory", "host memory for an int8 cache",
+              std::string(to_string(memory.space())) + " memory");
+      keys8_ = Tensor<std::int8_t, 5>({B, S, G, shape.maps, shape.head_dim});
+      key_steps_ = Tensor<accum_t<T>, 4>({B, S, G, shape.maps});
+      values8_ = Tensor<std::int8_t, 4>({B, S, G, shape.value_dim});
+      value_steps_ = Tensor<accum_t<T>, 3>({B, S, G});
+    } else {
+      keys_ = Tensor<T, 5>({B, S, G, shape.maps, shape.head_dim}, memory);
+      values_ = Tensor<T, 4>({B, S, G, shape.value_dim}, memory);
+    }
+  }
 
   const KVCacheShape& shape() const noexcept { return shape_; }
   index_t batch() const noexcept { return shape_.batch; }
   index_t capacity() const noexcept { return shape_.capacity; }
   index_t length(index_t b) const { return lengths_.at(static_cast<std::size_t>(b)); }
   std::span<const index_t> lengths() const noexcept { return lengths_; }
-  // Per token of one sequence, keys and values together.
+  inference_dtype storage() const noexcept { return shape_.storage; }
+  // Per token of one sequence, keys and values together (int8: with their steps).
   std::size_t bytes_per_token() const noexcept {
-    return static_cast<std::size_t>(shape_.kv_heads * (shape_.maps * shape_.head_dim + shape_.value_dim)) * sizeof(T);
+    const auto G = static_cast<std::size_t>(shape_.kv_heads), maps = static_cast<std::size_t>(shape_.maps);
+    const auto elements = G * static_cast<std::size_t>(shape_.maps * shape_.head_dim + shape_.value_dim);
+    if (shape_.storage == inference_dtype::int8) return elements + G * (maps + 1) * sizeof(accum_t<T>);
+    return elements * sizeof(T);
   }
+  // Everything the cache holds: capacity x batch tokens (lengths aside).
+  std::size_t bytes() const noexcept {
+    return bytes_per_token() * static_cast<std::size_t>(shape_.batch * shape_.capacity);
+  }
+  // The stored tensors: keys() and values() for storage same, int8_view() for int8.
   cview<T, 5> keys() const noexcept { return keys_.view(); }
   cview<T, 4> values() const noexcept { return values_.view(); }
-  memory_space space() const noexcept { return keys_.space(); }
+  int8_kv<accum_t<T>> int8_view() const noexcept {
+    return {keys8_.view(), key_steps_.view(), values8_.view(), value_steps_.view()};
+  }
+  memory_space space() const noexcept {
+    return shape_.storage == inference_dtype::int8 ? memory_space::host : keys_.space();
+  }
 
   // Every sequence empty again (nothing is cleared: rows past a length are never read).
   void reset() noexcept { std::fill(lengths_.begin(), lengths_.end(), index_t{0}); }
@@ -105,8 +140,8 @@ class KVCache {
                 std::to_string(s.head_dim) + ", dv = " + std::to_string(s.value_dim));
     require(s.batch == batch, where, "cache", "a cache of " + std::to_string(batch) + " sequences (the input's)",
             std::to_string(s.batch) + " sequences");
-    require(keys_.space() == space, where, "cache", std::string(to_string(space)) + " memory",
-            std::string(to_string(keys_.space())) + " memory");
+    require(this->space() == space, where, "cache", std::string(to_string(space)) + " memory",
+            std::string(to_string(this->space())) + " memory");
   }
   void require_room(std::string_view where, index_t b, index_t tokens) const {
     const index_t length = lengths_[static_cast<std::size_t>(b)];
@@ -122,6 +157,7 @@ class KVCache {
                                       std::pair{"shape.value_dim", s.value_dim}})
       require(value > 0, "KVCache", name, "a positive size", std::to_string(value));
     require(s.maps == 1 || s.maps == 2, "KVCache", "shape.maps", "1 or 2", std::to_string(s.maps));
+    if (s.storage == inference_dtype::int8) detail::require_int8_arithmetic<accum_t<T>>("KVCache", "shape.storage");
     return s;
   }
   index_t check_rows(std::string_view where, const cview<T, 5>& k, const cview<T, 4>& v, index_t batch) const {
@@ -129,26 +165,66 @@ class KVCache {
     const index_t tokens = k.extent(1);
     require_shape(where, "k", k, {batch, tokens, shape_.kv_heads, shape_.maps, shape_.head_dim});
     require_shape(where, "v", v, {batch, tokens, shape_.kv_heads, shape_.value_dim});
-    require_space(where, "k", k, keys_.space());
-    require_space(where, "v", v, keys_.space());
+    require_space(where, "k", k, space());
+    require_space(where, "v", v, space());
     return tokens;
   }
   // Sequence b's rows [length, length + T) <- k_rows [T, ...], v_rows [T, ...].
   void write(index_t b, cview<T, 4> k_rows, cview<T, 3> v_rows, index_t tokens) {
     auto& length = lengths_[static_cast<std::size_t>(b)];
+    if (shape_.storage == inference_dtype::int8) {
+      write_int8(b, length, k_rows, v_rows, tokens);
+      length += tokens;
+      return;
+    }
     auto& memory = keys_.memory();
     memory.copy(keys_.view()[b][length].data(), k_rows.data(), static_cast<std::size_t>(k_rows.size()) * sizeof(T));
     memory.copy(values_.view()[b][length].data(), v_rows.data(), static_cast<std::size_t>(v_rows.size()) * sizeof(T));
     length += tokens;
   }
 
+  // Rows [length, length + tokens) of sequence b, each key (token, group, map)
+  // and value (token, group) vector quantized on its own.
+  void write_int8(index_t b, index_t length, cview<T, 4> k_rows, cview<T, 3> v_rows, index_t tokens) {
+    using A = accum_t<T>;
+    if constexpr (std::is_floating_point_v<A>) {
+      const index_t G = shape_.kv_heads, maps = shape_.maps, d = shape_.head_dim, dv = shape_.value_dim;
+      std::vector<A> vector(static_cast<std::size_t>(std::max(d, dv)));
+      auto quantize = [&](const T* from, index_t n, std::int8_t* to, A& step) {
+        for (index_t c = 0; c < n; ++c) vector[static_cast<std::size_t>(c)] = load(from[c]);
+        step = detail::quantize_int8(vector.data(), n, to);
+      };
+      for (index_t t = 0; t < tokens; ++t)
+        for (index_t g = 0; g < G; ++g) {
+          for (index_t m = 0; m < maps; ++m)
+            quantize(&k_rows(t, g, m, 0), d, &keys8_(b, length + t, g, m, 0), key_steps_(b, length + t, g, m));
+          quantize(&v_rows(t, g, 0), dv, &values8_(b, length + t, g, 0), value_steps_(b, length + t, g));
+        }
+    }
+  }
+
   KVCacheShape shape_{};
-  Tensor<T, 5> keys_;
+  Tensor<T, 5> keys_;  // storage same
   Tensor<T, 4> values_;
+  Tensor<std::int8_t, 5> keys8_;  // storage int8, host memory
+  Tensor<accum_t<T>, 4> key_steps_;
+  Tensor<std::int8_t, 4> values8_;
+  Tensor<accum_t<T>, 3> value_steps_;
   std::vector<index_t> lengths_;
 };
 
 namespace detail {
+// A module's cache layout with the storage make_cache was asked for; int8 only
+// on a policy with the low-bit paths.
+template <class Policy>
+KVCacheShape with_storage(std::string_view where, KVCacheShape shape, inference_dtype storage) {
+  if (storage == inference_dtype::int8)
+    require(low_bit_policy<Policy>, where, "storage", "a policy with int8 caches (reference, simd)",
+            std::string("policy::") + Policy::name);
+  shape.storage = storage;
+  return shape;
+}
+
 // A prefill's cache: this module's layout (layout.batch and .capacity unused),
 // one sequence per prompt of x [B, N, C] (or of a packed batch), room for each.
 template <class T, class X>

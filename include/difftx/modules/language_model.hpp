@@ -11,6 +11,7 @@
 // the table's, as PyTorch's tied nn.Linear and nn.Embedding do).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -115,7 +116,9 @@ class LanguageModel {
   }
   // With KV caches, one per layer (modules/kv_cache.hpp).
   using cache_type = typename Stack<Layer>::cache_type;
-  cache_type make_cache(index_t batch, index_t capacity) const { return layers_.make_cache(batch, capacity); }
+  cache_type make_cache(index_t batch, index_t capacity, inference_dtype storage = inference_dtype::same) const {
+    return layers_.make_cache(batch, capacity, storage);
+  }
   // Prompts tokens [B, N] (or packed [1, total] with cu_seqlens) -> logits
   // [B, N, V]; the caches restart with them.
   void prefill(cview<token_t, 2> tokens, cache_type& cache, TensorView<T, 3> logits,
@@ -135,6 +138,7 @@ class LanguageModel {
     require_nonempty(where, "tokens", tokens);
     require_saved(where, s.input_shape, tokens.shape(), "tokens");
     require_shape(where, "dlogits", dlogits, output_shape(tokens.shape()));
+    require_trainable(where);
     auto& memory = layers_.policy().memory();
     Tensor<T, 3> a(s.x.shape(), memory), b(s.x.shape(), memory);
     head_backward(s.normed.view(), dlogits, a.view());                  // a = d normed
@@ -167,6 +171,24 @@ class LanguageModel {
     norm_.describe_architecture(a, prefix + "norm.");
   }
 
+  // Inference with int8 weights (modules/linear.hpp): every layer's
+  // projections and the LM head (the embedding is a lookup: it stays; a head
+  // tied to it gets an int8 copy of the table).
+  void quantize_weights() {
+    layers_.quantize_weights();
+    if (head_)
+      head_->quantize_weights();
+    else
+      tied_int8_ = detail::int8_weights<Policy>("LanguageModel::quantize_weights", embed_.table().data(),
+                                                config_.vocab_size, config_.d_model);
+  }
+  void require_trainable(std::string_view where) const {
+    layers_.require_trainable(where);
+    if (head_) head_->require_trainable(where);
+    require(!tied_int8_, where, "weights", "float weights (a backward; int8 weights are for inference)",
+            "int8 weights");
+  }
+
  private:
   // embedding -> layers(x, hidden) -> norm -> head, with this call's scratch only.
   template <class Layers>
@@ -194,6 +216,8 @@ class LanguageModel {
       typename Linear<T, Policy>::saved_type unused;  // a Linear's backward needs only its input again
       return head_->forward(normed, logits, unused);
     }
+    if constexpr (low_bit_policy<Policy>)
+      if (tied_int8_) return linear_forward(policy(), flatten_rows(normed), *tied_int8_, flatten_rows(logits));
     linear_forward(policy(), flatten_rows(normed), embed_.table(), flatten_rows(logits));
   }
   // dlogits -> d_normed (assign); the head's (or the table's) gradient accumulates.
@@ -223,6 +247,7 @@ class LanguageModel {
   Stack<Layer> layers_;
   RMSNorm<T, Policy> norm_;
   std::optional<Linear<T, Policy>> head_;  // none when tied to the embedding
+  std::shared_ptr<const int8_rows<accum_t<T>>> tied_int8_;  // the tied head's int8 table, once quantized
 };
 
 }  // namespace difftx

@@ -1,17 +1,53 @@
 // Linear<T, Policy>: y = x W^T with W [out, in] (nn.Linear without bias), the
 // projection every other module is built from. Parameter: "weight".
+// quantize_weights() (inference, low-bit CPU policies): W also as int8 with a
+// step per output channel (ops/int8.hpp), and forward computes with it
+// (ops/linear.hpp). The float weight stays what parameters() and files see; a
+// new value written there needs quantize_weights() again.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "difftx/core/checks.hpp"
 #include "difftx/modules/parameter.hpp"
+#include "difftx/ops/int8.hpp"
 #include "difftx/ops/linear.hpp"
+#include "difftx/ops/logit_quantization.hpp"
 #include "difftx/policy/reference.hpp"
 
 namespace difftx {
+
+namespace detail {
+
+// W [out, in] (row-major at w) as int8 with a step per output channel (ops/int8.hpp), for
+// Linear and for a LanguageModel's head tied to its embedding table.
+template <class Policy, class T>
+std::shared_ptr<const int8_rows<accum_t<T>>> int8_weights(std::string_view where, const T* w, index_t out, index_t in) {
+  using A = accum_t<T>;
+  require(low_bit_policy<Policy>, where, "policy", "a policy with int8 weights (reference, simd)",
+          std::string("policy::") + Policy::name);
+  require_int8_arithmetic<A>(where, "T");
+  require(in <= int8_max_depth, where, "in_features", "at most " + std::to_string(int8_max_depth) + " (exact int32 sums)",
+          std::to_string(in));
+  if constexpr (low_bit_policy<Policy> && std::is_floating_point_v<A>) {
+    auto quantized = std::make_shared<int8_rows<A>>(out, in);
+    std::vector<A> row(static_cast<std::size_t>(in));
+    for (index_t n = 0; n < out; ++n) {
+      for (index_t k = 0; k < in; ++k) row[static_cast<std::size_t>(k)] = load(w[n * in + k]);
+      require(std::all_of(row.begin(), row.end(), [](A v) { return std::isfinite(v); }), where, "weight",
+              "finite values", "a NaN or infinity in output channel " + std::to_string(n));
+      quantized->set_row(n, row.data());
+    }
+    return quantized;
+  }
+  return nullptr;
+}
+
+}  // namespace detail
 
 template <Scalar T, class Policy = policy::reference>
   requires supported_by<Policy, T>
@@ -37,6 +73,12 @@ class Linear {
     constexpr std::string_view where = "Linear::forward";
     require_tokens(where, "x", x, in_, policy_.memory().space());
     require_shape(where, "y", y, output_shape(x.shape()));
+    if constexpr (low_bit_policy<Policy>)
+      if (int8_) {
+        linear_forward(policy_, flatten_rows(x), *int8_, flatten_rows(y));
+        saved.input_shape = x.shape();
+        return;
+      }
     linear_forward(policy_, flatten_rows(x), weight_.value.view(), flatten_rows(y));
     saved.input_shape = x.shape();
   }
@@ -49,6 +91,7 @@ class Linear {
     require_saved(where, saved.input_shape, x.shape());
     require_shape(where, "dy", dy, output_shape(x.shape()));
     require_shape(where, "dx", dx, x.shape());
+    require_trainable(where);
     linear_backward(policy_, flatten_rows(x), weight_.value.view(), flatten_rows(dy), flatten_rows(dx), weight_.grad.view(), dx_mode);
   }
 
@@ -58,6 +101,17 @@ class Linear {
   void reset_parameters(random_stream& rng) { weight_.init_uniform(rng, 1.0 / std::sqrt(static_cast<double>(in_))); }
 
   const Policy& policy() const noexcept { return policy_; }
+
+  // The weight as int8 from now on (see above); idempotent. The float weight
+  // must be finite and in <= 133144 (exact int32 sums).
+  void quantize_weights() { int8_ = detail::int8_weights<Policy>("Linear::quantize_weights", weight_.value.data(), out_, in_); }
+  bool weights_quantized() const noexcept { return int8_ != nullptr; }
+  // The int8 weights' bytes (values, steps, sums); 0 when not quantized.
+  std::size_t int8_bytes() const noexcept { return int8_ ? int8_->bytes() : 0; }
+  // Throws input_error once the weights are int8 (inference only: no gradient of the rounding).
+  void require_trainable(std::string_view where) const {
+    require(!int8_, where, "weights", "float weights (a backward; int8 weights are for inference)", "int8 weights");
+  }
 
  private:
   static shape_t<2> checked_shape(index_t in, index_t out) {
@@ -69,6 +123,16 @@ class Linear {
   Policy policy_;
   index_t in_, out_;
   Parameter<T, 2> weight_;
+  // Shared, so copies of a quantized module (a layer vector growing) do not
+  // copy it; quantize_weights replaces it rather than writing into it.
+  std::shared_ptr<const int8_rows<accum_t<T>>> int8_;
 };
+
+// Every Linear of a module (projections, SwiGLU, the LM head) with int8
+// weights from now on: module.quantize_weights().
+template <class Module>
+void quantize(Module& module) {
+  module.quantize_weights();
+}
 
 }  // namespace difftx

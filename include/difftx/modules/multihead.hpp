@@ -31,6 +31,8 @@ struct MultiHeadConfig {
   index_t head_dim = 0;      // D; 0 means the compiled D (needed where D is difftx::dynamic)
   double rope_factor = 1.0;  // linear RoPE scaling: positions divided by it (transformers' rope_type "linear")
   double subln_eps = 1e-5;   // of the per-head RMSNorm (DiffLlama checkpoints: their rms_norm_eps)
+  int logit_bits = logits_unquantized;  // 4..8: attention logits quantized (inference, docs/semantics.md)
+  inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys (inference)
 };
 
 // modules/architecture.hpp: what a MultiHead's weight shapes do not say (c with its head_dim resolved).
@@ -88,7 +90,9 @@ class MultiHead {
         k_proj_(config_.d_model, 2 * config_.kv_heads * config_.head_dim, policy_),
         v_proj_(config_.d_model, 2 * config_.kv_heads * config_.head_dim, policy_),
         out_proj_(2 * config_.heads * config_.head_dim, config_.d_model, policy_),
-        attn_({config_.heads, config_.kv_heads, config_.layer_index, config_.causal, config_.head_dim}, policy_),
+        attn_({config_.heads, config_.kv_heads, config_.layer_index, config_.causal, config_.head_dim,
+               config_.logit_bits, config_.qk_dtype},
+              policy_),
         subln_(2 * config_.head_dim, config_.subln_eps, 1.0 - difftx::lambda_init(config_.layer_index), policy_) {
     random_stream rng(0);
     reset_parameters(rng);
@@ -123,6 +127,7 @@ class MultiHead {
   void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx) {
     constexpr std::string_view where = "MultiHead::backward";
     detail::check_token_backward(where, x, dy, dx, s.input_shape, config_.d_model, policy_.memory().space());
+    require_trainable(where);
     const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads, D = config_.head_dim;
     auto& memory = policy_.memory();
     Tensor<T, 3> d_normed(s.normed.shape(), memory);
@@ -144,11 +149,23 @@ class MultiHead {
     v_proj_.backward(x, dv.view().template reshape<3>({B, N, 2 * g * D}), s.v_proj, dx, write_mode::add);
   }
 
+  // Throws input_error where the module computes for inference only (config.logit_bits, int8 weights).
+  void require_trainable(std::string_view where) const {
+    attn_.require_trainable(where);
+    for (const auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->require_trainable(where);
+  }
+  // Inference with int8 weights (modules/linear.hpp): the four projections.
+  void quantize_weights() {
+    for (auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->quantize_weights();
+  }
+
   // Inference with a KV cache (modules/kv_cache.hpp). A cache for `batch`
   // sequences of up to `capacity` tokens, in the policy's memory:
   using cache_type = KVCache<T>;
-  cache_type make_cache(index_t batch, index_t capacity) const {
-    return cache_type(attn_.cache_shape(batch, capacity), policy_.memory());
+  // storage int8: keys and values as int8 with steps (kv_cache.hpp; low-bit CPU policies).
+  cache_type make_cache(index_t batch, index_t capacity, inference_dtype storage = inference_dtype::same) const {
+    return cache_type(detail::with_storage<Policy>("MultiHead::make_cache", attn_.cache_shape(batch, capacity), storage),
+                      policy_.memory());
   }
   KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept { return attn_.cache_shape(batch, capacity); }
   // Prompts x [B, N, C] (or packed [1, total, C] with cu_seqlens, one cache
@@ -214,6 +231,8 @@ class MultiHead {
             "a finite linear RoPE scaling factor > 0", std::to_string(c.rope_factor));
     require(c.subln_eps > 0 && std::isfinite(c.subln_eps), "MultiHead", "config.subln_eps", "a finite eps > 0",
             std::to_string(c.subln_eps));
+    detail::checked_logit_bits<Policy, accum_t<T>>("MultiHead", c.logit_bits);
+    detail::checked_qk_dtype<Policy, accum_t<T>>("MultiHead", c.qk_dtype);
     return c;
   }
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,

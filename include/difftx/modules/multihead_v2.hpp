@@ -36,6 +36,8 @@ struct MultiHeadV2Config {
   bool causal = true;
   index_t head_dim = 0;       // D; 0 means the compiled D (needed where D is difftx::dynamic)
   bool differential = true;   // false: the matched baseline (the authors' use_diff_v2 = False)
+  int logit_bits = logits_unquantized;  // 4..8: attention logits quantized (inference, docs/semantics.md)
+  inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys (inference)
 };
 
 // modules/architecture.hpp: what a MultiHeadV2's weight shapes do not say (c with its head_dim resolved).
@@ -77,7 +79,8 @@ class MultiHeadV2 {
   explicit MultiHeadV2(const MultiHeadV2Config& config, Policy policy = {})
       : policy_(std::move(policy)),
         config_(checked(config)),
-        heads_({config_.d_model, query_heads(), config_.kv_heads, config_.head_dim, config_.rope_theta, config_.causal},
+        heads_({config_.d_model, query_heads(), config_.kv_heads, config_.head_dim, config_.rope_theta, config_.causal,
+                config_.logit_bits, config_.qk_dtype},
                policy_),
         o_proj_(config_.heads * config_.head_dim, config_.d_model, policy_) {
     if (config_.differential) lambda_proj_.emplace(config_.d_model, config_.heads, policy_);
@@ -107,6 +110,7 @@ class MultiHeadV2 {
   void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx) {
     constexpr std::string_view where = "MultiHeadV2::backward";
     detail::check_token_backward(where, x, dy, dx, s.input_shape, config_.d_model, policy_.memory().space());
+    require_trainable(where);
     const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, D = config_.head_dim;
     auto& memory = policy_.memory();
     Tensor<T, 4> d_in({B, N, h, D}, memory);  // the o_proj input's gradient
@@ -123,11 +127,26 @@ class MultiHeadV2 {
     lambda_proj_->backward(x, dz.const_view(), s.lambda_proj, dx, write_mode::add);
   }
 
+  // Throws input_error where the module computes for inference only (config.logit_bits, int8 weights).
+  void require_trainable(std::string_view where) const {
+    heads_.require_trainable(where);
+    o_proj_.require_trainable(where);
+    if (lambda_proj_) lambda_proj_->require_trainable(where);
+  }
+  // Inference with int8 weights (modules/linear.hpp): every projection, lambda_proj's too.
+  void quantize_weights() {
+    heads_.quantize_weights();
+    o_proj_.quantize_weights();
+    if (lambda_proj_) lambda_proj_->quantize_weights();
+  }
+
   // Inference with a KV cache (modules/kv_cache.hpp): the cache of a standard
   // transformer with g key/value heads of D, whatever h is.
   using cache_type = KVCache<T>;
-  cache_type make_cache(index_t batch, index_t capacity) const {
-    return cache_type(cache_shape(batch, capacity), policy_.memory());
+  // storage int8: keys and values as int8 with steps (kv_cache.hpp; low-bit CPU policies).
+  cache_type make_cache(index_t batch, index_t capacity, inference_dtype storage = inference_dtype::same) const {
+    return cache_type(detail::with_storage<Policy>("MultiHeadV2::make_cache", cache_shape(batch, capacity), storage),
+                      policy_.memory());
   }
   KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept { return heads_.cache_shape(batch, capacity); }
   // Prompts x [B, N, C] (or packed with cu_seqlens) -> y; the cache restarts with them.
@@ -176,6 +195,8 @@ class MultiHeadV2 {
             "a group count dividing the " + std::to_string(query) + " query heads", std::to_string(c.kv_heads));
     c.kv_heads = g;
     c.head_dim = detail::checked_head_dim<HeadDim>(where, c.head_dim);
+    detail::checked_logit_bits<Policy, accum_t<T>>(where, c.logit_bits);
+    detail::checked_qk_dtype<Policy, accum_t<T>>(where, c.qk_dtype);
     require(c.rope_theta > 0, where, "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
     return c;
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -140,6 +141,17 @@ template <class T>
 void append_parameters(std::vector<parameter_ref<T>>& all, std::vector<parameter_ref<T>> child) {
   for (auto& p : child) all.push_back(std::move(p));
 }
+
+namespace detail {
+// module.require_trainable(where) where the module has one: it throws when the
+// module computes for inference only (quantized logits, int8 weights), so a
+// composite's backward refuses before any child's gradient changes. Modules
+// without low-bit paths (a tensor-parallel part) have none.
+template <class Module>
+void require_trainable(const Module& module, std::string_view where) {
+  if constexpr (requires { module.require_trainable(where); }) module.require_trainable(where);
+}
+}  // namespace detail
 
 // Sets every parameter gradient of a module to zero.
 template <class Module>

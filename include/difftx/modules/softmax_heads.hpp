@@ -16,6 +16,7 @@
 #include "difftx/modules/sequences.hpp"
 #include "difftx/ops/attention.hpp"
 #include "difftx/ops/attention_decode.hpp"
+#include "difftx/ops/logit_quantization.hpp"
 #include "difftx/ops/rope.hpp"
 
 namespace difftx::detail {
@@ -27,6 +28,8 @@ struct SoftmaxHeadsConfig {
   index_t head_dim = 0;  // D
   double rope_theta = 10000.0;
   bool causal = true;
+  int logit_bits = logits_unquantized;  // checked by the owner (detail::checked_logit_bits)
+  inference_dtype qk_dtype = inference_dtype::same;  // likewise (detail::checked_qk_dtype)
 };
 
 template <Scalar T, class Policy>
@@ -69,9 +72,14 @@ class SoftmaxHeads {
     for_each_sequence(sequences, [&](const auto& seq) {
       rope_forward(policy_, seq.rows(rope_vectors(s.q)), 0, config_.rope_theta);
       rope_forward(policy_, seq.rows(rope_vectors(s.k)), 0, config_.rope_theta);
-      attention_forward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()), seq.rows(s.v.const_view()),
-                           cview<accum_t<T>, 1>{}, config_.causal, seq.rows(s.o.view()), TensorView<T, 4>{},
-                           seq.lse(s.lse.view()));
+      if constexpr (low_bit_policy<Policy>)
+        attention_forward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()),
+                             seq.rows(s.v.const_view()), cview<accum_t<T>, 1>{}, config_.causal, seq.rows(s.o.view()),
+                             TensorView<T, 4>{}, seq.lse(s.lse.view()), config_.logit_bits, config_.qk_dtype);
+      else
+        attention_forward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()),
+                             seq.rows(s.v.const_view()), cview<accum_t<T>, 1>{}, config_.causal, seq.rows(s.o.view()),
+                             TensorView<T, 4>{}, seq.lse(s.lse.view()));
     });
     s.sequences.assign(sequences.begin(), sequences.end());
     s.input_shape = x.shape();
@@ -96,6 +104,19 @@ class SoftmaxHeads {
     v_proj_.backward(x, dv.view().template reshape<3>({B, N, G * D}), s.v_proj, dx, write_mode::add);
   }
 
+  // Quantized logits have a zero derivative almost everywhere: such a module is for inference.
+  void require_trainable(std::string_view where) const {
+    require(config_.logit_bits == logits_unquantized, where, "config.logit_bits",
+            "16 (a backward needs unquantized logits; quantization is for inference)",
+            std::to_string(config_.logit_bits));
+    require(config_.qk_dtype == inference_dtype::same, where, "config.qk_dtype",
+            "same (a backward needs the unquantized queries and keys; int8 is for inference)", "int8");
+    for (const auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->require_trainable(where);
+  }
+  void quantize_weights() {
+    for (auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->quantize_weights();
+  }
+
   // After forward(x, s, sequences) on the prompts: the cache restarts with their keys and values.
   void fill(const saved_type& s, KVCache<T>& cache, sequence_offsets sequences) const {
     cache.reset();
@@ -111,8 +132,17 @@ class SoftmaxHeads {
     rope_from_positions(policy_, rope_vectors(s.q), cache.lengths(), config_.rope_theta);
     rope_from_positions(policy_, rope_vectors(s.k), cache.lengths(), config_.rope_theta);
     cache.append(s.k.view(), s.v.view());
-    attention_decode<1>(policy_, s.q.const_view(), cache.keys(), cache.values(), cache.lengths(),
-                        cview<accum_t<T>, 1>{}, s.o.view());
+    if constexpr (low_bit_policy<Policy>) {
+      if (cache.storage() == inference_dtype::int8)
+        attention_decode<1>(policy_, s.q.const_view(), cache.int8_view(), cache.lengths(), cview<accum_t<T>, 1>{},
+                            s.o.view(), config_.logit_bits);
+      else
+        attention_decode<1>(policy_, s.q.const_view(), cache.keys(), cache.values(), cache.lengths(),
+                            cview<accum_t<T>, 1>{}, s.o.view(), config_.logit_bits);
+    } else {
+      attention_decode<1>(policy_, s.q.const_view(), cache.keys(), cache.values(), cache.lengths(),
+                          cview<accum_t<T>, 1>{}, s.o.view());
+    }
   }
   KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept {
     return {batch, capacity, config_.kv_heads, 1, config_.head_dim, config_.head_dim};

@@ -67,9 +67,9 @@ class Stack {
   }
   // With KV caches, one per layer (modules/kv_cache.hpp).
   using cache_type = std::vector<typename Module::cache_type>;
-  cache_type make_cache(index_t batch, index_t capacity) const {
+  cache_type make_cache(index_t batch, index_t capacity, inference_dtype storage = inference_dtype::same) const {
     cache_type caches;
-    for (const auto& layer : layers_) caches.push_back(layer.make_cache(batch, capacity));
+    for (const auto& layer : layers_) caches.push_back(layer.make_cache(batch, capacity, storage));
     return caches;
   }
   // Prompts x [B, N, C] (or packed with cu_seqlens) -> out; every layer's cache restarts with them.
@@ -101,6 +101,7 @@ class Stack {
     require_saved(where, s.input_shape, x.shape());
     require_shape(where, "dout", dout, output_shape(x.shape()));
     require_shape(where, "dx", dx, x.shape());
+    require_trainable(where);
     auto& memory = layers_.front().policy().memory();
     Tensor<T, 3> grad(dout.shape(), memory), next(dout.shape(), memory);
     for (std::size_t i = layers_.size(); i-- > 0;) {
@@ -109,6 +110,15 @@ class Stack {
                           i == 0 ? dx : next.view());
       grad.swap(next);
     }
+  }
+
+  // Throws input_error where a layer computes for inference only (low-bit paths).
+  void require_trainable(std::string_view where) const {
+    for (const auto& layer : layers_) detail::require_trainable(layer, where);
+  }
+  // Inference with int8 weights (modules/linear.hpp): every layer's projections.
+  void quantize_weights() {
+    for (auto& layer : layers_) layer.quantize_weights();
   }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {

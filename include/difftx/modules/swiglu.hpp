@@ -74,6 +74,7 @@ class SwiGLU {
     require_saved(where, saved.input_shape, x.shape());
     require_shape(where, "dy", dy, x.shape());
     require_shape(where, "dx", dx, x.shape());
+    require_trainable(where);
     Tensor<T, 3> d_hidden(saved.hidden.shape(), policy_.memory()), d_gate(saved.hidden.shape(), policy_.memory()),
         d_up(saved.hidden.shape(), policy_.memory());
     down_proj_.backward(saved.hidden.view(), dy, saved.down_proj, d_hidden.view());
@@ -96,6 +97,14 @@ class SwiGLU {
     down_proj_.reset_parameters(rng);
   }
   const Policy& policy() const noexcept { return policy_; }
+
+  // Inference with int8 weights (modules/linear.hpp): the three projections.
+  void quantize_weights() {
+    for (auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->quantize_weights();
+  }
+  void require_trainable(std::string_view where) const {
+    for (const auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->require_trainable(where);
+  }
 
  private:
   Policy policy_;

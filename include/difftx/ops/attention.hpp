@@ -17,9 +17,16 @@
 //             dQ_m = dS_m K_m / sqrt(d),  dK_m = dS_m^T Q_m / sqrt(d)
 //             dlambda = -sum(dO ⊙ O_2)
 //             dq, dk, dv and dlambda are assigned (grouped heads sum into dk, dv).
+//   inference options of the forward (CPU policies; docs/semantics.md):
+//     logit_bits  S_m quantized per row (ops/logit_quantization.hpp)
+//     qk = int8   every query Q_m[i] / sqrt(d) and key K_m[t] stored as int8
+//                 (ops/int8.hpp: steps s_q[i], s_k[t]) and
+//                 S_m[i, t] = A(Σ_c q8[c] · k8[c]) · s_q[i] · s_k[t]
+//                 (the integer sum exact; the two products left to right).
 #pragma once
 
 #include "difftx/ops/common.hpp"
+#include "difftx/ops/int8.hpp"
 
 namespace difftx::detail {
 
@@ -70,6 +77,16 @@ void check_attention_backward(std::string_view where, memory_space space, const 
     require_shape(where, "dlambda", dlambda, {1});
     require_all_in(where, space, {{"dlambda", dlambda.space()}});
   }
+}
+
+// int8 Q·Kᵀ needs a floating accumulation type to round in, and d <= 1040:
+// kernels without integer dot products sum the int8 values as floats, exact
+// while 127² · d < 2^24.
+template <class A>
+void check_qk_dtype(std::string_view where, inference_dtype qk, index_t d) {
+  if (qk != inference_dtype::int8) return;
+  require_int8_arithmetic<A>(where, "qk");
+  require(d <= 1040, where, "q", "a head size d <= 1040 for int8 Q·Kᵀ (exact float sums)", std::to_string(d));
 }
 
 }  // namespace difftx::detail

@@ -13,6 +13,9 @@
 //
 // Forward only: nothing is saved. Rows past lengths[b] are never read, so a
 // cache need not be cleared between uses.
+//
+// An int8 cache (modules/kv_cache.hpp, int8_kv): the same formulas over the
+// keys step_k · k8 and values step_v · v8 it holds, read in place.
 #pragma once
 
 #include <span>
@@ -51,6 +54,16 @@ void check_attention_decode(std::string_view where, memory_space space, const Q&
     require(lambda.empty(), where, "lambda", "an empty tensor for standard attention", shape_string(lambda.shape()));
   }
   require_all_in(where, space, {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {"o", o.space()}});
+}
+
+// An int8 cache: as above with its int8 tensors, and steps of their shapes.
+template <int Maps, class Q, class KV, class L, class O>
+void check_attention_decode_int8(std::string_view where, const Q& q, const KV& kv, std::span<const index_t> lengths,
+                                 const L& lambda, const O& o) {
+  check_attention_decode<Maps>(where, memory_space::host, q, kv.keys8, kv.values8, lengths, lambda, o);
+  const index_t B = kv.keys8.extent(0), S = kv.keys8.extent(1), G = kv.keys8.extent(2);
+  require_shape(where, "key_steps", kv.key_steps, {B, S, G, Maps});
+  require_shape(where, "value_steps", kv.value_steps, {B, S, G});
 }
 
 }  // namespace difftx::detail

@@ -4,6 +4,13 @@
 //             dw[N, K] += dy[M, N]^T · x[M, K]      (parameter gradients accumulate)
 // Each policy implements linear_forward / linear_backward for these shapes and
 // calls the checks below first.
+//
+// int8 weights (inference; the low-bit CPU policies, ops/int8.hpp): w as
+// int8_rows<A> [N, K], step s_w[n] per output channel; x is quantized per row
+// the same way (step s_x[m]) and
+//   y[m, n] = A(Σ_k x8[m, k] · w8[n, k]) · s_x[m] · s_w[n]
+// with the integer sum exact (int32, K <= 133144) and the two products in A,
+// left to right, so every policy gives the same bits.
 #pragma once
 
 #include "difftx/ops/common.hpp"
@@ -27,6 +34,18 @@ void check_linear_backward(std::string_view where, memory_space space, const X& 
   require_shape(where, "dx", dx, x.shape());
   require_shape(where, "dw", dw, w.shape());
   require_all_in(where, space, {{"dx", dx.space()}, {"dw", dw.space()}});
+}
+
+// The largest K whose int8 products stay exact in int32: K · 127² < 2^31.
+inline constexpr index_t int8_max_depth = 133144;
+
+template <class X, class W, class Y>
+void check_linear_int8(std::string_view where, memory_space space, const X& x, const W& w, const Y& y) {
+  require_nonempty(where, "x", x);
+  require(w.rows > 0 && x.extent(1) == w.cols, where, "w", "int8 weights [N, " + std::to_string(x.extent(1)) + "]",
+          "[" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
+  require_shape(where, "y", y, {x.extent(0), w.rows});
+  require_all_in(where, space, {{"x", x.space()}, {"y", y.space()}});
 }
 
 }  // namespace difftx::detail

@@ -241,7 +241,9 @@ class TensorParallel {
     sum_over_ranks(y);
   }
 
-  cache_type make_cache(index_t batch, index_t capacity) const { return local_.make_cache(batch, capacity); }
+  cache_type make_cache(index_t batch, index_t capacity, inference_dtype storage = inference_dtype::same) const {
+    return local_.make_cache(batch, capacity, storage);
+  }
   KVCacheShape cache_shape(index_t batch, index_t capacity) const noexcept { return local_.cache_shape(batch, capacity); }
   void prefill(cview<T, 3> x, cache_type& cache, TensorView<T, 3> y, sequence_offsets sequences = {}) const {
     local_.prefill(x, cache, y, sequences);

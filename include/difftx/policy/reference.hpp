@@ -14,6 +14,7 @@
 #include "difftx/policy/reference/elementwise.hpp"
 #include "difftx/policy/reference/embedding.hpp"
 #include "difftx/policy/reference/linear.hpp"
+#include "difftx/policy/reference/linear_int8.hpp"
 #include "difftx/policy/reference/rmsnorm.hpp"
 #include "difftx/policy/reference/rope.hpp"
 #include "difftx/policy/reference/swiglu.hpp"

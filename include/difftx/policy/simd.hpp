@@ -21,6 +21,7 @@
 #include "difftx/policy/simd/elementwise.hpp"
 #include "difftx/policy/simd/embedding.hpp"
 #include "difftx/policy/simd/linear.hpp"
+#include "difftx/policy/simd/linear_int8.hpp"
 #include "difftx/policy/simd/rmsnorm.hpp"
 #include "difftx/policy/simd/rope.hpp"
 #include "difftx/policy/simd/swiglu.hpp"

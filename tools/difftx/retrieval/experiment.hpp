@@ -17,7 +17,9 @@
 // needles, greedy decoding of every answer with the KV cache; on the same
 // sequences (teacher-forced, a forward that saves its state), the attention of
 // each answer-producing position; and on a batch of training-mix sequences the
-// magnitudes of attention logits and hidden states.
+// magnitudes of attention logits and hidden states. evaluate_logit_bits()
+// decodes the same sequences again with the trained weights in models whose
+// attention logits are quantized (the paper's §3.7, Figure 8).
 #pragma once
 
 #include <algorithm>
@@ -39,7 +41,11 @@ struct model_config {
   index_t heads = 2;     // h differential heads of 2·D (D = C / 2h); the baseline has 2h of D
   index_t layers = 2;
   index_t ffn_dim = 64;  // SwiGLU hidden size F
+  int logit_bits = logits_unquantized;  // attention logits quantized to this many bits (evaluation only)
 };
+
+// The bit counts of the paper's Figure 8: 16 (not quantized), 8, 6, 4.
+inline constexpr int logit_bit_levels[] = {logits_unquantized, 8, 6, 4};
 
 struct train_config {
   index_t steps = 2000;
@@ -71,7 +77,9 @@ template <index_t D, class Policy = policy::reference>
 LanguageModel<DecoderLayer<float, D, Policy>> make_diff_model(const model_config& m, index_t vocab, const Policy& policy = {}) {
   std::vector<DecoderLayer<float, D, Policy>> layers;
   for (index_t l = 0; l < m.layers; ++l)
-    layers.emplace_back(DecoderLayerConfig{{.d_model = m.d_model, .heads = m.heads, .layer_index = l}, m.ffn_dim}, policy);
+    layers.emplace_back(
+        DecoderLayerConfig{{.d_model = m.d_model, .heads = m.heads, .layer_index = l, .logit_bits = m.logit_bits}, m.ffn_dim},
+        policy);
   return LanguageModel<DecoderLayer<float, D, Policy>>({vocab, m.d_model}, std::move(layers));
 }
 
@@ -80,7 +88,8 @@ LanguageModel<BaselineLayer<float, D, Policy>> make_baseline_model(const model_c
                                                                    const Policy& policy = {}) {
   std::vector<BaselineLayer<float, D, Policy>> layers;
   for (index_t l = 0; l < m.layers; ++l)
-    layers.emplace_back(BaselineLayerConfig{{.d_model = m.d_model, .heads = 2 * m.heads}, m.ffn_dim}, policy);
+    layers.emplace_back(BaselineLayerConfig{{.d_model = m.d_model, .heads = 2 * m.heads, .logit_bits = m.logit_bits}, m.ffn_dim},
+                        policy);
   return LanguageModel<BaselineLayer<float, D, Policy>>({vocab, m.d_model}, std::move(layers));
 }
 
@@ -94,7 +103,7 @@ LanguageModel<DecoderLayerV2<float, dynamic, Policy>> make_v2_model(const model_
   std::vector<DecoderLayerV2<float, dynamic, Policy>> layers;
   for (index_t l = 0; l < m.layers; ++l)
     layers.emplace_back(DecoderLayerV2Config{{.d_model = m.d_model, .heads = 2 * m.heads, .kv_heads = 2 * m.heads,
-                                              .head_dim = m.d_model / (2 * m.heads)},
+                                              .head_dim = m.d_model / (2 * m.heads), .logit_bits = m.logit_bits},
                                              m.ffn_dim},
                         policy);
   return LanguageModel<DecoderLayerV2<float, dynamic, Policy>>({vocab, m.d_model}, std::move(layers));
@@ -139,8 +148,16 @@ struct attention_profile {
 inline constexpr needles_queries profile_cell{6, 1};
 inline constexpr index_t profile_depth = 2;
 
+// Retrieval accuracy with attention logits quantized to `bits`, over the
+// evaluation's queries (the same sequences as evaluation::cells).
+struct bits_accuracy {
+  int bits = logits_unquantized;
+  index_t correct = 0, total = 0;
+};
+
 struct evaluation {
   std::vector<cell_result> cells;  // in task_mix order
+  std::vector<bits_accuracy> by_logit_bits;  // logit_bit_levels' order; empty until evaluate_logit_bits()
   attention_sums attention_by_depth[depth_count];
   std::vector<attention_sums> attention_by_layer;
   attention_sums attention_all;
@@ -273,28 +290,46 @@ class trainer {
     result.attention_by_layer.resize(L);
     random_stream data(eval_data_seed(train_.seed));
     typename model_type::saved_type saved;
-    for (const auto& mix : task_mix) {
-      cell_result cell{mix.needles, mix.queries};
-      for (index_t d = 0; d < depth_count; ++d) {
-        // The first queried needle at depth d, a second one two depths on.
-        const index_t placed[2] = {d, (d + 2) % depth_count};
-        std::vector<example> examples;
-        for (index_t i = 0; i < config.per_cell; ++i)
-          examples.push_back(generate(task_, data, mix.needles, mix.queries, std::span(placed, static_cast<std::size_t>(mix.queries))));
-        const batch b = make_batch(std::move(examples));
-        // Teacher-forced forward: the attention of every answer-producing position.
-        logits_.resize(model_.output_shape(b.tokens.shape()));
-        model_.forward(b.tokens.view(), logits_.view(), saved);
-        measure_attention(b, saved, result,
-                          mix.needles == profile_cell.needles && mix.queries == profile_cell.queries && d == profile_depth);
-        decode(b, cell);
-      }
-      result.cells.push_back(cell);
-    }
+    for_each_eval_batch(config, data, [&](const needles_queries& mix, index_t d, const batch& b, cell_result& cell) {
+      // Teacher-forced forward: the attention of every answer-producing position.
+      logits_.resize(model_.output_shape(b.tokens.shape()));
+      model_.forward(b.tokens.view(), logits_.view(), saved);
+      measure_attention(b, saved, result,
+                        mix.needles == profile_cell.needles && mix.queries == profile_cell.queries && d == profile_depth);
+      decode(model_, b, cell);
+    }, result.cells);
     if (!lambda_count_.empty())
       for (std::size_t l = 0; l < L; ++l) result.lambda.push_back(lambda_sum_[l] / static_cast<double>(lambda_count_[l]));
     measure_magnitudes(config, data, result);
     return result;
+  }
+
+  // result.by_logit_bits: the trained weights copied into make_model(bits), a
+  // model whose attention logits are quantized, decoding evaluate()'s
+  // sequences, for each of logit_bit_levels (16 from result.cells: the
+  // unquantized model is this one).
+  template <class MakeModel>
+  void evaluate_logit_bits(const eval_config& config, MakeModel&& make_model, evaluation& result) {
+    result.by_logit_bits.clear();
+    for (int bits : logit_bit_levels) {
+      std::vector<cell_result> cells;
+      if (bits == logits_unquantized) {
+        cells = result.cells;
+      } else {
+        model_type quantized = make_model(bits);
+        copy_parameters(model_, quantized);
+        random_stream data(eval_data_seed(train_.seed));
+        for_each_eval_batch(config, data, [&](const needles_queries&, index_t, const batch& b, cell_result& cell) {
+          decode(quantized, b, cell);
+        }, cells);
+      }
+      bits_accuracy a{bits};
+      for (const auto& c : cells) {
+        a.correct += c.correct;
+        a.total += c.total;
+      }
+      result.by_logit_bits.push_back(a);
+    }
   }
 
  private:
@@ -312,6 +347,24 @@ class trainer {
     return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
   }
 
+  // The evaluation's batches, drawn from data: per (N, R) of task_mix and per
+  // depth, visit(mix, depth, batch, cell) adds to that (N, R)'s cell.
+  template <class Visit>
+  void for_each_eval_batch(const eval_config& config, random_stream& data, Visit&& visit, std::vector<cell_result>& cells) {
+    for (const auto& mix : task_mix) {
+      cell_result cell{mix.needles, mix.queries};
+      for (index_t d = 0; d < depth_count; ++d) {
+        // The first queried needle at depth d, a second one two depths on.
+        const index_t placed[2] = {d, (d + 2) % depth_count};
+        std::vector<example> examples;
+        for (index_t i = 0; i < config.per_cell; ++i)
+          examples.push_back(generate(task_, data, mix.needles, mix.queries, std::span(placed, static_cast<std::size_t>(mix.queries))));
+        visit(mix, d, make_batch(std::move(examples)), cell);
+      }
+      cells.push_back(cell);
+    }
+  }
+
   // Greedy decoding of every answer token with the KV cache, each read from a
   // context holding the model's own earlier answers: a prefill up to the first
   // answer-producing position, then one decode step per position, feeding the
@@ -319,9 +372,9 @@ class trainer {
   // elsewhere (the next QUERY and key). The batch steps through positions in
   // lockstep (its sequences have one length); a position produces an answer in
   // the sequences that have one there.
-  void decode(const batch& b, cell_result& cell) {
+  void decode(const model_type& model, const batch& b, cell_result& cell) {
     const index_t B = b.tokens.extent(0), N = b.tokens.extent(1), Lv = task_.value_length;
-    const index_t V = model_.config().vocab_size;
+    const index_t V = model.config().vocab_size;
     // answers[i][p]: the logits at position p of sequence i give an answer token (the token at p + 1).
     std::vector<std::vector<bool>> answers(static_cast<std::size_t>(B), std::vector<bool>(static_cast<std::size_t>(N)));
     index_t first = N, last = 0;
@@ -333,11 +386,11 @@ class trainer {
           last = std::max(last, p);
         }
 
-    auto cache = model_.make_cache(B, last + 1);
+    auto cache = model.make_cache(B, last + 1);
     Tensor<token_t, 2> prompt({B, first + 1}), step({B, 1});
     for (index_t i = 0; i < B; ++i) std::copy_n(b.tokens.data() + i * N, first + 1, prompt.data() + i * (first + 1));
     Tensor<float, 3> logits({B, first + 1, V});
-    model_.prefill(prompt.const_view(), cache, logits.view());
+    model.prefill(prompt.const_view(), cache, logits.view());
     std::vector<std::vector<token_t>> predicted(static_cast<std::size_t>(B));
     for (index_t p = first;; ++p) {
       const index_t row = logits.extent(1) - 1;  // position p's logits: the prefill's last, or the step's
@@ -351,7 +404,7 @@ class trainer {
       }
       if (p == last) break;
       logits.resize({B, 1, V});
-      model_.decode(step.const_view(), cache, logits.view());
+      model.decode(step.const_view(), cache, logits.view());
     }
 
     for (index_t i = 0; i < B; ++i) {

@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "retrieval/experiment.hpp"
+#include "retrieval/low_bit_report.hpp"
+#include "retrieval/numbers.hpp"
 
 namespace difftx::retrieval {
 
@@ -68,8 +70,6 @@ inline std::string heads_text(const run_setup& s, const std::string& name) {
 
 inline std::string depth_name(index_t d) { return std::to_string(static_cast<int>(depths[d] * 100)) + "%"; }
 inline std::string cell_name(index_t n, index_t r) { return "N=" + std::to_string(n) + ",R=" + std::to_string(r); }
-inline double ratio(index_t a, index_t b) { return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0; }
-
 struct totals {
   index_t correct = 0, total = 0;
   index_t correct_by_depth[depth_count] = {}, total_by_depth[depth_count] = {};
@@ -131,20 +131,8 @@ inline nlohmann::json model_json(const model_run& m) {
   j["attention_logits"] = magnitudes_json(m.eval.logits);
   j["hidden_states"] = magnitudes_json(m.eval.hidden);
   if (!m.eval.lambda.empty()) j["lambda"] = m.eval.lambda;
+  if (!m.eval.by_logit_bits.empty()) j["accuracy_by_logit_bits"] = logit_bits_json(m.eval);
   return j;
-}
-
-inline std::string fixed(double v, int digits = 3) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.*f", digits, v);
-  return b;
-}
-
-// One standard error of a proportion, for the honesty of small evaluations.
-inline double standard_error(index_t correct, index_t total) {
-  if (total == 0) return 0;
-  const double p = ratio(correct, total);
-  return std::sqrt(p * (1 - p) / static_cast<double>(total));
 }
 
 // Through a temporary renamed into place, as every file difftx writes.
@@ -234,6 +222,7 @@ inline void write_csv(const std::filesystem::path& dir, const model_list& models
     profile << '\n';
   }
   write_file(dir / "attention_profile.csv", profile.str());
+  if (!models.front()->eval.by_logit_bits.empty()) write_file(dir / "logit_bits.csv", logit_bits_csv(models));
 }
 
 // gnuplot scripts for the three figures; each reads the CSVs next to it
@@ -320,6 +309,8 @@ inline std::vector<std::pair<std::string, std::string>> figure_scripts(const mod
                                         "set ylabel 'w / sum |w|'\nset style fill solid 1.0 noborder\nset boxwidth 0.8\n"
                                         "set xrange [-1:" + std::to_string(p.answer_position + 1) + "]\n" + span + panels +
                                         "unset multiplot\n");
+  if (!models.front()->eval.by_logit_bits.empty())
+    scripts.emplace_back("logit_bits", detail::logit_bits_script(models, [](const std::string& name) { return detail::colours(name).first; }));
   return scripts;
 }
 
@@ -332,7 +323,7 @@ inline std::vector<std::string> draw_figures(const std::filesystem::path& dir, c
   for (const auto& [name, script] : scripts) detail::write_file(dir / (name + ".gp"), script);
   if (std::system("gnuplot --version > /dev/null 2>&1") != 0) {
     problem = "gnuplot was not found, so no PNG was drawn; the .gp scripts and CSVs are here: run `gnuplot loss.gp "
-              "accuracy.gp attention.gp` in this folder (Debian: apt-get install gnuplot-nox).";
+              "accuracy.gp attention.gp logit_bits.gp` in this folder (Debian: apt-get install gnuplot-nox).";
     return drawn;
   }
   for (const auto& [name, script] : scripts) {
@@ -572,6 +563,25 @@ inline std::string markdown(const run_setup& s, const model_list& models, const 
        << fixed(m->eval.logits.median, 2) << " | " << fixed(m->eval.hidden.top1, 2) << " | " << fixed(m->eval.hidden.top10, 2)
        << " | " << fixed(m->eval.hidden.median, 2) << " |\n";
 
+  if (!models.front()->eval.by_logit_bits.empty()) {
+    md << "\n## Attention logits in low bits (cf. the paper's §3.7 and Figure 8)\n\n"
+          "The trained weights evaluated again (the same sequences, greedy decoding with the KV cache) with every "
+          "attention logit quantized before its softmax: dynamic absmax per query row of each map, "
+          "s' = round(s · q_max / max|s|) · max|s| / q_max with q_max = 2^(b-1) - 1 (docs/semantics.md). "
+          "16 bits is the unquantized model.\n\n| model |";
+    for (int bits : logit_bit_levels) md << ' ' << bits << " bits |";
+    md << "\n|---|";
+    for (std::size_t i = 0; i < std::size(logit_bit_levels); ++i) md << "---:|";
+    md << '\n';
+    for (const auto* m : models) {
+      md << "| " << m->label << " |";
+      for (const auto& a : m->eval.by_logit_bits) md << ' ' << fixed(bits_ratio(a)) << " ± " << fixed(bits_error(a)) << " |";
+      md << '\n';
+    }
+    md << '\n';
+    for (const auto& l : logit_bits_reading(models)) md << "- " << l << '\n';
+  }
+
   md << "\n## Figures\n\n";
   if (!figure_problem.empty()) md << "**Figures:** " << figure_problem << "\n\n";
   auto drawn = [&](const std::string& name) { return std::find(figures.begin(), figures.end(), name) != figures.end(); };
@@ -583,6 +593,7 @@ inline std::string markdown(const run_setup& s, const model_list& models, const 
           "![attention](attention.png)\n\n";
   if (drawn("accuracy")) md << "![accuracy](accuracy.png)\n\n";
   if (drawn("loss")) md << "![loss](loss.png)\n\n";
+  if (drawn("logit_bits")) md << "![accuracy with quantized attention logits](logit_bits.png)\n\n";
 
   md << "## Does the toy result agree with the paper's direction?\n\n" << v.agree << " of " << v.total << " checks agree";
   if (models.size() == 3)
@@ -597,7 +608,7 @@ inline std::string markdown(const run_setup& s, const model_list& models, const 
   }
   md << "\nOne seed, one small model, a synthetic task: these are directions at toy scale, not the paper's numbers. "
         "Accuracy differences smaller than about two standard errors are noise. Data: report.json, training.csv, "
-        "accuracy_by_cell.csv, by_depth.csv, attention_profile.csv.\n";
+        "accuracy_by_cell.csv, by_depth.csv, attention_profile.csv, logit_bits.csv.\n";
   return md.str();
 }
 
@@ -615,6 +626,7 @@ inline verdict write_report(const std::filesystem::path& dir, const run_setup& s
   for (const auto* m : models) j[m->name] = model_json(*m);
   j["verdict"] = {{"agree", v.agree}, {"checks", v.total}, {"lines", v.lines}};
   if (!v.notes.empty()) j["verdict"]["notes"] = v.notes;
+  if (!models.front()->eval.by_logit_bits.empty()) j["logit_bits"] = {{"bits", logit_bit_levels}, {"reading", logit_bits_reading(models)}};
   // Timings vary between runs; everything above is a function of the seed.
   j["timing"] = {{"wall_seconds", wall_seconds}, {"jobs", setup.jobs}};
   for (const auto* m : models)

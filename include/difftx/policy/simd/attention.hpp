@@ -29,6 +29,8 @@
 #include <vector>
 
 #include "difftx/ops/attention.hpp"
+#include "difftx/ops/logit_quantization.hpp"
+#include "difftx/policy/simd/attention_int8.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm.hpp"
 #include "difftx/policy/simd/tile.hpp"
@@ -197,19 +199,15 @@ void exponentiate(A* s, index_t n, A shift) {
   std::fill(s + n, s + attention_block, A(0));
 }
 
-}  // namespace simd_detail
-
-// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
-//   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
+// The forward below; with qk = int8 the score tiles come from tile_kernel
+// (attention_int8.hpp), or from the float product on the int8 values when it
+// is nullptr (the tests pass a model of the instruction).
 template <int Maps, class T>
-  requires supported_by<policy::simd, T>
-void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
-                       cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
-                       TensorView<accum_t<T>, 4> lse) {
-  using namespace simd_detail;
+void fused_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                             cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
+                             TensorView<accum_t<T>, 4> lse, int logit_bits, inference_dtype qk,
+                             score_tile_fn tile_kernel) {
   using A = accum_t<T>;
-  constexpr std::string_view where = "attention_forward";
-  detail::check_attention<Maps>(where, memory_space::host, q, k, v, lambda, o, o2, lse, "o");
   constexpr index_t Bs = attention_block;
   const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), G = k.extent(2), d = q.extent(4);
   const index_t r = H / G, dv = v.extent(3), blocks = round_up(N, Bs) / Bs;
@@ -218,6 +216,12 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
   const index_t pairs = B * G;  // (batch row, key/value group)
   std::vector<packed_keys<A>> keys(static_cast<std::size_t>(pairs));
   for (auto& pair_keys : keys) pair_keys.reset(N, Maps, d, dv, false);
+  const bool int8_qk = qk == inference_dtype::int8;
+  if constexpr (!std::is_same_v<A, float>) tile_kernel = nullptr;  // the VNNI tile computes in float
+  const bool tiled = int8_qk && tile_kernel != nullptr;
+  std::vector<int8_keys<A>> keys8(int8_qk ? static_cast<std::size_t>(pairs) : 0);
+  for (auto& pair_keys : keys8) pair_keys.reset(round_up(N, Bs), Maps, d, tiled);
+  const index_t d4 = (d + 3) / 4;
 
   // One parallel region: pack every pair's keys, then every (pair, query block,
   // head) item, so that short sequences still give each thread several items.
@@ -227,11 +231,30 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
         acc(static_cast<std::size_t>(Maps * Bs * dv)), running_max(static_cast<std::size_t>(Maps * Bs)),
         running_sum(static_cast<std::size_t>(Maps * Bs));
     std::vector<A> row_scratch;
+    std::vector<detail::logit_grid<A>> grids(static_cast<std::size_t>(Maps * Bs));  // inactive unless quantizing
+    std::vector<A> q_steps(int8_qk ? static_cast<std::size_t>(Maps * Bs) : 0);
+    aligned_vector<std::int8_t> q8(tiled ? static_cast<std::size_t>(Maps * Bs * 4 * d4) : 0);
 #pragma omp for schedule(static)
     for (index_t block = 0; block < pairs * blocks; ++block) {
       const index_t pair = block / blocks;
-      pack_key_block<Maps, T>(k, v, pair / G, pair % G, block % blocks, keys[static_cast<std::size_t>(pair)], row_scratch);
+      auto& pair_keys = keys[static_cast<std::size_t>(pair)];
+      pack_key_block<Maps, T>(k, v, pair / G, pair % G, block % blocks, pair_keys, row_scratch);
+      if (int8_qk)
+        for (index_t m = 0; m < Maps; ++m)
+          keys8[static_cast<std::size_t>(pair)].quantize_block(block % blocks, m, pair_keys.kt.data() + ((block % blocks) * Maps + m) * d * Bs);
     }
+    // S_m for key block kb into s: the float product, or int8 (ops/attention.hpp).
+    auto score_tile = [&](const packed_keys<A>& pair_keys, const int8_keys<A>* pair_keys8, index_t kb, index_t m) {
+      if constexpr (std::is_same_v<A, float>)
+        if (tiled) {
+          tile_kernel(d4, q8.data() + m * Bs * 4 * d4, pair_keys8->k8_of(kb, m), pair_keys8->corr_of(kb, m),
+                      q_steps.data() + m * Bs, pair_keys8->steps_of(kb, m), s.data());
+          return;
+        }
+      tile_product<a_layout::rows>(Bs, Bs, d, q_tile.data() + m * Bs * d, d, pair_keys.kt_tile(kb, m, d), Bs, s.data(),
+                                   Bs, false);
+      if (int8_qk) scale_scores(s.data(), q_steps.data() + m * Bs, pair_keys8->steps_of(kb, m));
+    };
 
     // Items from the last query block down: with a causal mask they are the largest.
 #pragma omp for schedule(dynamic, 1)
@@ -240,27 +263,46 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
       const index_t h = j * r + item % r, i0 = qb * Bs;
       const index_t rows = std::min(Bs, N - i0);
       const packed_keys<A>& pair_keys = keys[static_cast<std::size_t>(pair)];
+      const int8_keys<A>* pair_keys8 = int8_qk ? &keys8[static_cast<std::size_t>(pair)] : nullptr;
       std::fill(q_tile.begin(), q_tile.end(), A(0));
       for (index_t i = 0; i < rows; ++i)
         for (index_t m = 0; m < Maps; ++m) {
           const A* row = accum_row(q.data() + (((b * N + i0 + i) * H + h) * Maps + m) * d, d, row_scratch);
           for (index_t c = 0; c < d; ++c) q_tile[static_cast<std::size_t>((m * Bs + i) * d + c)] = row[c] * scale;
         }
+      if (int8_qk)
+        for (index_t m = 0; m < Maps; ++m)
+          quantize_query_tile(q_tile.data() + m * Bs * d, rows, d, d4, q_steps.data() + m * Bs,
+                              tiled ? q8.data() + m * Bs * 4 * d4 : nullptr);
       std::fill(acc.begin(), acc.end(), A(0));
       std::fill(running_max.begin(), running_max.end(), -std::numeric_limits<A>::infinity());
       std::fill(running_sum.begin(), running_sum.end(), A(0));
 
       const index_t kb_end = causal ? qb + 1 : blocks;
+      if (logit_bits != logits_unquantized) {  // every row's largest |logit|, then its grid
+        std::fill(running_max.begin(), running_max.end(), A(0));
+        for (index_t kb = 0; kb < kb_end; ++kb)
+          for (index_t m = 0; m < Maps; ++m) {
+            score_tile(pair_keys, pair_keys8, kb, m);
+            for (index_t i = 0; i < rows; ++i) {
+              A& largest = running_max[static_cast<std::size_t>(m * Bs + i)];
+              largest = std::max(largest, detail::largest_magnitude(s.data() + i * Bs, visible_keys(i0 + i, kb * Bs, N, causal)));
+            }
+          }
+        for (index_t mi = 0; mi < Maps * Bs; ++mi)
+          grids[static_cast<std::size_t>(mi)] = detail::logit_grid<A>(running_max[static_cast<std::size_t>(mi)], logit_bits);
+        std::fill(running_max.begin(), running_max.end(), -std::numeric_limits<A>::infinity());
+      }
       for (index_t kb = 0; kb < kb_end; ++kb) {
         const index_t t0 = kb * Bs;
         for (index_t m = 0; m < Maps; ++m) {
           A* acc_m = acc.data() + m * Bs * dv;
-          tile_product<a_layout::rows>(Bs, Bs, d, q_tile.data() + m * Bs * d, d, pair_keys.kt_tile(kb, m, d), Bs,
-                                       s.data(), Bs, false);
+          score_tile(pair_keys, pair_keys8, kb, m);
           for (index_t i = 0; i < rows; ++i) {
             A* s_row = s.data() + i * Bs;
             const index_t visible = visible_keys(i0 + i, t0, N, causal);
             const auto mi = static_cast<std::size_t>(m * Bs + i);
+            grids[mi].apply(s_row, visible);
             const A new_max = std::max(running_max[mi], row_max(s_row, visible));
             exponentiate(s_row, visible, new_max);
             if (new_max > running_max[mi]) {  // else the old terms keep their scale
@@ -293,6 +335,28 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
       }
     }
   }
+}
+
+}  // namespace simd_detail
+
+// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
+//   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
+// logit_bits: 16, or the logits quantized to 4..8 bits (ops/logit_quantization.hpp):
+// each item then sweeps its keys twice, first for every row's largest |logit|.
+// qk = int8: Q·Kᵀ on int8 queries and keys (ops/attention.hpp, attention_int8.hpp).
+template <int Maps, class T>
+  requires supported_by<policy::simd, T>
+void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                       cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
+                       TensorView<accum_t<T>, 4> lse, int logit_bits = logits_unquantized,
+                       inference_dtype qk = inference_dtype::same) {
+  using A = accum_t<T>;
+  constexpr std::string_view where = "attention_forward";
+  detail::check_attention<Maps>(where, memory_space::host, q, k, v, lambda, o, o2, lse, "o");
+  detail::check_logit_bits<A>(where, logit_bits);
+  detail::check_qk_dtype<A>(where, qk, q.extent(4));
+  simd_detail::fused_attention_forward<Maps, T>(p, q, k, v, lambda, causal, o, o2, lse, logit_bits, qk,
+                                                simd_detail::int8_score_tile<A>());
 }
 
 // do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,N,G,Maps,d], dv [B,N,G,dv], dlambda [1] (all assigned)

@@ -22,6 +22,8 @@
 #include <Eigen/Core>
 
 #include "difftx/ops/attention_decode.hpp"
+#include "difftx/ops/int8.hpp"
+#include "difftx/ops/logit_quantization.hpp"
 #include "difftx/policy/simd/attention.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/linear.hpp"
@@ -38,12 +40,10 @@ constexpr index_t cache_block = 256;  // keys per work item: a few items per thr
 // float16/bfloat16 a converted copy of the block costs more than the reading).
 constexpr index_t gemv_rows = 4;
 
-// out[c] = Σ_t p[t] · V(t, c) for c < dv, V's row t at v_first + t·stride:
-// four vectors of out held in registers while the rows stream past.
-template <class T>
-void weighted_sum_of_rows(const accum_t<T>* p, const T* v_first, index_t stride, index_t keys, index_t dv,
-                          accum_t<T>* out) {
-  using A = accum_t<T>;
+// out[c] = Σ_t p[t] · V(t, c) for c < dv, V's row t at v_first + t·stride (T,
+// or int8): four vectors of out held in registers while the rows stream past.
+template <class A, class T>
+void weighted_sum_of_rows(const A* p, const T* v_first, index_t stride, index_t keys, index_t dv, A* out) {
   using V = vec<A>;
   constexpr index_t W = V::size;
   auto columns = [&](auto vectors, index_t c0) {
@@ -52,7 +52,7 @@ void weighted_sum_of_rows(const accum_t<T>* p, const T* v_first, index_t stride,
     for (auto& a : acc) a = V(A(0));
     for (index_t t = 0; t < keys; ++t) {
       const V pv(p[t]);
-      for (index_t v = 0; v < NV; ++v) acc[v] = xsimd::fma(pv, load_as_accum(v_first + t * stride + c0 + v * W), acc[v]);
+      for (index_t v = 0; v < NV; ++v) acc[v] = xsimd::fma(pv, load_row_as<A>(v_first + t * stride + c0 + v * W), acc[v]);
     }
     for (index_t v = 0; v < NV; ++v) acc[v].store_unaligned(out + c0 + v * W);
   };
@@ -91,97 +91,131 @@ const accum_t<T>* rows_as_accum(const T* first, index_t rows, index_t cols, inde
   }
 }
 
-}  // namespace simd_detail
+// One work item of decoding: sequence b, key/value group j, the cache's keys
+// [t0, t0 + keys) of a sequence holding `length` keys.
+struct decode_item {
+  index_t b, j, t0, keys, length;
+};
 
-// q [B,T,H,Maps,d], k [B,S,G,Maps,d], v [B,S,G,dv], lengths [B] (host), lambda [1] (Maps = 2) -> o [B,T,H,dv]
-template <int Maps, class T>
-  requires supported_by<policy::simd, T>
-void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
-                      std::span<const index_t> lengths, cview<accum_t<T>, 1> lambda, TensorView<T, 4> o) {
-  using namespace simd_detail;
-  using A = accum_t<T>;
-  using strided_rows = Eigen::Map<const row_matrix<A>, 0, Eigen::OuterStride<>>;
-  detail::check_attention_decode<Maps>("attention_decode", memory_space::host, q, k, v, lengths, lambda, o);
-  const index_t B = q.extent(0), new_tokens = q.extent(1), H = q.extent(2), d = q.extent(4);
-  const index_t S = k.extent(1), G = k.extent(2), r = H / G, dv = v.extent(3);
-  const index_t rows = new_tokens * r;  // query rows of one group: (token i, head h = j·r + hh) -> i·r + hh
-  const A scale = A(1) / std::sqrt(static_cast<A>(d));
+// The query rows of item it's group for map m, scaled: row i·r + hh is token
+// i's head j·r + hh (q [B, T, H, Maps, d]).
+template <class T>
+void query_rows(cview<T, 5> q, const decode_item& it, index_t m, index_t r, accum_t<T> scale, row_matrix<accum_t<T>>& out) {
+  const index_t T_new = q.extent(1), H = q.extent(2), maps = q.extent(3), d = q.extent(4);
+  out.resize(T_new * r, d);
+  for (index_t i = 0; i < T_new; ++i)
+    for (index_t hh = 0; hh < r; ++hh) {
+      const T* row = q.data() + (((it.b * T_new + i) * H + it.j * r + hh) * maps + m) * d;
+      for (index_t c = 0; c < d; ++c) out(i * r + hh, c) = static_cast<accum_t<T>>(load(row[c])) * scale;
+    }
+}
+
+// The decoding schedule every cache storage shares: the work items (b, j,
+// block of cache_block keys up to each sequence's length) over the threads,
+// each leaving per query row and map its maximum, sum and unnormalised P·V,
+// then the blocks of each row combined by log-sum-exp into out. What differs
+// between storages is how a block's scores and P·V are computed:
+//   Workspace                 a thread's scratch (default-constructed)
+//   scores(ws, item, m, s)    s(row, t) = S_m of query row `row` (token row / r,
+//                             head j·r + row % r) and key t0 + t, t < keys
+//   values(ws, item, m, s, acc) acc[rows][dv] = P_m · V of the block (s, the
+//                             probabilities, may be overwritten)
+//   store(b, i, h, out)       out[dv] (A), the result of token i, head h
+// logit_bits != 16 quantizes each row's logits over all its blocks: a first
+// sweep takes every row's largest |logit|.
+template <int Maps, class A, class Workspace, class Scores, class Values, class Store>
+void decode_in_blocks(const policy::simd& p, index_t G, index_t new_tokens, index_t r, index_t dv,
+                      std::span<const index_t> lengths, A lam, int logit_bits, Scores&& scores, Values&& values,
+                      Store&& store) {
+  const index_t B = static_cast<index_t>(lengths.size()), rows = new_tokens * r;
   const A neg_inf = -std::numeric_limits<A>::infinity();
-
-  // Work items: (b, j, key block), blocks up to each sequence's length.
   std::vector<index_t> first_item(static_cast<std::size_t>(B) + 1, 0);
   for (index_t b = 0; b < B; ++b)
     first_item[static_cast<std::size_t>(b) + 1] =
         first_item[static_cast<std::size_t>(b)] + G * ((lengths[static_cast<std::size_t>(b)] + cache_block - 1) / cache_block);
   const index_t items = first_item.back();
+  auto blocks_of = [&](index_t b) {
+    return (first_item[static_cast<std::size_t>(b) + 1] - first_item[static_cast<std::size_t>(b)]) / G;
+  };
+  auto locate = [&](index_t item) {
+    const index_t b = static_cast<index_t>(std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin()) - 1;
+    const index_t local = item - first_item[static_cast<std::size_t>(b)], blocks_b = blocks_of(b);
+    const index_t t0 = (local % blocks_b) * cache_block, length = lengths[static_cast<std::size_t>(b)];
+    return decode_item{b, local / blocks_b, t0, std::min(cache_block, length - t0), length};
+  };
+  // Token row / r sits at position length - T + row / r and sees keys t <= it.
+  auto visible = [&](const decode_item& it, index_t row) {
+    return std::clamp<index_t>(it.length - new_tokens + row / r + 1 - it.t0, 0, it.keys);
+  };
   decode_partials<A> part{rows, dv, std::vector<A>(static_cast<std::size_t>(items * 2 * rows)),
                           std::vector<A>(static_cast<std::size_t>(items * 2 * rows)),
                           std::vector<A>(static_cast<std::size_t>(items * 2 * rows * dv))};
+  // The grid of every (b, j, map, row): inactive unless quantizing.
+  std::vector<detail::logit_grid<A>> grids(logit_bits == logits_unquantized ? 0 : static_cast<std::size_t>(B * G * 2 * rows));
+  auto grid_index = [&](const decode_item& it, index_t m, index_t row) {
+    return static_cast<std::size_t>(((it.b * G + it.j) * 2 + m) * rows + row);
+  };
 
+  // Every item's score block of every map, on the threads: visit(ws, item, it, m, s) once scores(ws, it, m, s) ran.
+  auto over_blocks = [&](auto&& visit) {
 #pragma omp parallel num_threads(thread_count(p))
-  {
-    single_threaded_eigen();
-    row_matrix<A> q_rows(rows, d), scores(rows, cache_block);
-    std::vector<A> k_scratch, v_scratch;
+    {
+      single_threaded_eigen();
+      Workspace ws;
+      row_matrix<A> s(rows, cache_block);
 #pragma omp for schedule(dynamic, 1)
-    for (index_t item = 0; item < items; ++item) {
-      const index_t b = static_cast<index_t>(std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin()) - 1;
-      const index_t local = item - first_item[static_cast<std::size_t>(b)], blocks_b = (first_item[static_cast<std::size_t>(b) + 1] - first_item[static_cast<std::size_t>(b)]) / G;
-      const index_t j = local / blocks_b, t0 = (local % blocks_b) * cache_block;
-      const index_t length = lengths[static_cast<std::size_t>(b)], keys = std::min(cache_block, length - t0);
-      const A* v_block = nullptr;  // V rows t0 .. t0 + keys of group j as A, once needed
-      const T* v_first = v.data() + ((b * S + t0) * G + j) * dv;
-      for (index_t m = 0; m < Maps; ++m) {
-        for (index_t i = 0; i < new_tokens; ++i)
-          for (index_t hh = 0; hh < r; ++hh) {
-            const T* row = q.data() + (((b * new_tokens + i) * H + j * r + hh) * Maps + m) * d;
-            for (index_t c = 0; c < d; ++c) q_rows(i * r + hh, c) = static_cast<A>(load(row[c])) * scale;
-          }
-        const T* k_first = k.data() + (((b * S + t0) * G + j) * Maps + m) * d;
-        auto s = scores.leftCols(keys);
-        if (rows <= gemv_rows) {
-          for (index_t row = 0; row < rows; ++row)
-            dots_with_rows(q_rows.row(row).data(), k_first, G * Maps * d, keys, d, scores.data() + row * cache_block);
-        } else {
-          // K rows t0 .. t0 + keys of group j, as A (in place for float and double).
-          const A* k_block = rows_as_accum<T>(k_first, keys, d, G * Maps * d, k_scratch);
-          const strided_rows key_rows(k_block, keys, d, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * Maps * d : d));
-          s.noalias() = q_rows * key_rows.transpose();
-        }
-        A* row_max_out = part.max_at(item, m);
-        A* row_sum_out = part.sum_at(item, m);
-        for (index_t row = 0; row < rows; ++row) {
-          // Token i sits at position length - T + i and sees keys t <= it.
-          const index_t visible = std::clamp<index_t>(length - new_tokens + row / r + 1 - t0, 0, keys);
-          A* p_row = scores.data() + row * cache_block;
-          const A mx = visible > 0 ? row_max(p_row, visible) : neg_inf;
-          exponentiate_row(p_row, visible, mx);
-          std::fill(p_row + visible, p_row + keys, A(0));
-          row_max_out[row] = mx;
-          row_sum_out[row] = sum(p_row, visible);
-        }
-        Eigen::Map<row_matrix<A>> acc(part.acc_at(item, m), rows, dv);
-        if (rows <= gemv_rows) {
-          for (index_t row = 0; row < rows; ++row)
-            weighted_sum_of_rows(scores.data() + row * cache_block, v_first, G * dv, keys, dv, acc.data() + row * dv);
-        } else {
-          if (m == 0) v_block = rows_as_accum<T>(v_first, keys, dv, G * dv, v_scratch);  // both maps use it
-          const strided_rows values(v_block, keys, dv, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * dv : dv));
-          acc.noalias() = s * values;
+      for (index_t item = 0; item < items; ++item) {
+        const decode_item it = locate(item);
+        for (index_t m = 0; m < Maps; ++m) {
+          scores(ws, it, m, s);
+          visit(ws, item, it, m, s);
         }
       }
     }
+  };
+
+  if (!grids.empty()) {
+    // Each block's largest |logit| per row (in part.max), then the grids.
+    over_blocks([&](Workspace&, index_t item, const decode_item& it, index_t m, row_matrix<A>& s) {
+      for (index_t row = 0; row < rows; ++row)
+        part.max_at(item, m)[row] = detail::largest_magnitude(s.data() + row * cache_block, visible(it, row));
+    });
+    std::vector<A> largest(grids.size(), A(0));  // over the blocks of every (b, j, map, row)
+    for (index_t item = 0; item < items; ++item) {
+      const decode_item it = locate(item);
+      for (index_t m = 0; m < Maps; ++m)
+        for (index_t row = 0; row < rows; ++row) {
+          A& m_row = largest[grid_index(it, m, row)];
+          m_row = std::max(m_row, part.max_at(item, m)[row]);
+        }
+    }
+    for (std::size_t e = 0; e < grids.size(); ++e) grids[e] = detail::logit_grid<A>(largest[e], logit_bits);
   }
 
+  // Per block and row: its maximum, its sum of exponentials and P·V.
+  over_blocks([&](Workspace& ws, index_t item, const decode_item& it, index_t m, row_matrix<A>& s) {
+    A* row_max_out = part.max_at(item, m);
+    A* row_sum_out = part.sum_at(item, m);
+    for (index_t row = 0; row < rows; ++row) {
+      const index_t seen = visible(it, row);
+      A* p_row = s.data() + row * cache_block;
+      if (!grids.empty()) grids[grid_index(it, m, row)].apply(p_row, seen);
+      const A mx = seen > 0 ? row_max(p_row, seen) : neg_inf;
+      exponentiate_row(p_row, seen, mx);
+      std::fill(p_row + seen, p_row + it.keys, A(0));
+      row_max_out[row] = mx;
+      row_sum_out[row] = sum(p_row, seen);
+    }
+    values(ws, it, m, s, part.acc_at(item, m));
+  });
+
   // Combine the key blocks of every (b, token, head) by log-sum-exp.
-  const A lam = Maps == 2 ? lambda(0) : A(0);
 #pragma omp parallel num_threads(thread_count(p))
   {
     std::vector<A> out(static_cast<std::size_t>(Maps * dv));
 #pragma omp for schedule(static)
     for (index_t bj = 0; bj < B * G; ++bj) {
-      const index_t b = bj / G, j = bj % G;
-      const index_t blocks_b = (first_item[static_cast<std::size_t>(b) + 1] - first_item[static_cast<std::size_t>(b)]) / G;
+      const index_t b = bj / G, j = bj % G, blocks_b = blocks_of(b);
       const index_t item0 = first_item[static_cast<std::size_t>(b)] + j * blocks_b;
       for (index_t row = 0; row < rows; ++row) {
         for (index_t m = 0; m < Maps; ++m) {
@@ -202,11 +236,137 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
         }
         if constexpr (Maps == 2)
           for (index_t c = 0; c < dv; ++c) out[static_cast<std::size_t>(c)] -= lam * out[static_cast<std::size_t>(dv + c)];
-        const index_t i = row / r, h = j * r + row % r;
-        from_accum(out.data(), dv, o.data() + ((b * new_tokens + i) * H + h) * dv);
+        store(b, row / r, j * r + row % r, out.data());
       }
     }
   }
+}
+
+}  // namespace simd_detail
+
+// q [B,T,H,Maps,d], k [B,S,G,Maps,d], v [B,S,G,dv], lengths [B] (host), lambda [1] (Maps = 2) -> o [B,T,H,dv]
+// logit_bits: 16, or the logits quantized to 4..8 bits (ops/logit_quantization.hpp).
+template <int Maps, class T>
+  requires supported_by<policy::simd, T>
+void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                      std::span<const index_t> lengths, cview<accum_t<T>, 1> lambda, TensorView<T, 4> o,
+                      int logit_bits = logits_unquantized) {
+  using namespace simd_detail;
+  using A = accum_t<T>;
+  using strided_rows = Eigen::Map<const row_matrix<A>, 0, Eigen::OuterStride<>>;
+  detail::check_attention_decode<Maps>("attention_decode", memory_space::host, q, k, v, lengths, lambda, o);
+  detail::check_logit_bits<A>("attention_decode", logit_bits);
+  const index_t new_tokens = q.extent(1), H = q.extent(2), d = q.extent(4);
+  const index_t S = k.extent(1), G = k.extent(2), r = H / G, dv = v.extent(3);
+  const index_t rows = new_tokens * r;  // query rows of one group: (token i, head h = j·r + hh) -> i·r + hh
+  const A scale = A(1) / std::sqrt(static_cast<A>(d));
+
+  struct workspace {
+    row_matrix<A> q_rows;
+    std::vector<A> k_scratch, v_scratch;
+    const A* v_block = nullptr;  // V rows of the item as A, converted for map 0 and reused by map 1
+  };
+  auto scores = [&](workspace& ws, const decode_item& it, index_t m, row_matrix<A>& s) {
+    query_rows<T>(q, it, m, r, scale, ws.q_rows);
+    const T* k_first = k.data() + (((it.b * S + it.t0) * G + it.j) * Maps + m) * d;
+    if (rows <= gemv_rows) {
+      for (index_t row = 0; row < rows; ++row)
+        dots_with_rows(ws.q_rows.row(row).data(), k_first, G * Maps * d, it.keys, d, s.data() + row * cache_block);
+    } else {
+      // K rows t0 .. t0 + keys of group j, as A (in place for float and double).
+      const A* k_block = rows_as_accum<T>(k_first, it.keys, d, G * Maps * d, ws.k_scratch);
+      const strided_rows key_rows(k_block, it.keys, d, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * Maps * d : d));
+      s.leftCols(it.keys).noalias() = ws.q_rows * key_rows.transpose();
+    }
+  };
+  auto values = [&](workspace& ws, const decode_item& it, index_t m, row_matrix<A>& s, A* acc_first) {
+    const T* v_first = v.data() + ((it.b * S + it.t0) * G + it.j) * dv;
+    Eigen::Map<row_matrix<A>> acc(acc_first, rows, dv);
+    if (rows <= gemv_rows) {
+      for (index_t row = 0; row < rows; ++row)
+        weighted_sum_of_rows(s.data() + row * cache_block, v_first, G * dv, it.keys, dv, acc.data() + row * dv);
+    } else {
+      if (m == 0) ws.v_block = rows_as_accum<T>(v_first, it.keys, dv, G * dv, ws.v_scratch);  // both maps use it
+      const strided_rows block(ws.v_block, it.keys, dv, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * dv : dv));
+      acc.noalias() = s.leftCols(it.keys) * block;
+    }
+  };
+  decode_in_blocks<Maps, A, workspace>(
+      p, G, new_tokens, r, dv, lengths, Maps == 2 ? lambda(0) : A(0), logit_bits, scores, values,
+      [&](index_t b, index_t i, index_t h, const A* out) {
+        from_accum(out, dv, o.data() + ((b * new_tokens + i) * H + h) * dv);
+      });
+}
+
+// The same over an int8 cache (modules/kv_cache.hpp): keys and values read in
+// place, int8 converted in registers; a key block's scores are Q · k8 then
+// times each key's step, and each value's step folds into its probability.
+// With more than gemv_rows query rows, the block is dequantized once into
+// scratch for Eigen's products, as the float16/bfloat16 caches are converted.
+template <int Maps, class T>
+  requires supported_by<policy::simd, T>
+void attention_decode(const policy::simd& p, cview<T, 5> q, const int8_kv<accum_t<T>>& kv,
+                      std::span<const index_t> lengths, cview<accum_t<T>, 1> lambda, TensorView<T, 4> o,
+                      int logit_bits = logits_unquantized) {
+  using namespace simd_detail;
+  using A = accum_t<T>;
+  using strided_rows = Eigen::Map<const row_matrix<A>, 0, Eigen::OuterStride<>>;
+  detail::check_attention_decode_int8<Maps>("attention_decode", q, kv, lengths, lambda, o);
+  detail::check_logit_bits<A>("attention_decode", logit_bits);
+  const index_t new_tokens = q.extent(1), H = q.extent(2), d = q.extent(4);
+  const index_t S = kv.keys8.extent(1), G = kv.keys8.extent(2), r = H / G, dv = kv.values8.extent(3);
+  const index_t rows = new_tokens * r;
+  const A scale = A(1) / std::sqrt(static_cast<A>(d));
+
+  struct workspace {
+    row_matrix<A> q_rows;
+    std::vector<A> k_scratch, v_scratch;
+  };
+  // rows x cols int8 values (row t at first + t·stride) times their steps, as A at scratch.
+  auto dequantized = [](const std::int8_t* first, const A* steps, index_t step_stride, index_t count, index_t cols,
+                        index_t stride, std::vector<A>& scratch) {
+    scratch.resize(static_cast<std::size_t>(count * cols));
+    for (index_t t = 0; t < count; ++t)
+      for (index_t c = 0; c < cols; ++c) scratch[static_cast<std::size_t>(t * cols + c)] = steps[t * step_stride] * A(first[t * stride + c]);
+    return static_cast<const A*>(scratch.data());
+  };
+  auto scores = [&](workspace& ws, const decode_item& it, index_t m, row_matrix<A>& s) {
+    query_rows<T>(q, it, m, r, scale, ws.q_rows);
+    const std::int8_t* k_first = kv.keys8.data() + (((it.b * S + it.t0) * G + it.j) * Maps + m) * d;
+    const A* steps = kv.key_steps.data() + ((it.b * S + it.t0) * G + it.j) * Maps + m;
+    if (rows <= gemv_rows) {
+      for (index_t row = 0; row < rows; ++row) {
+        A* out = s.data() + row * cache_block;
+        dots_with_rows(ws.q_rows.row(row).data(), k_first, G * Maps * d, it.keys, d, out);
+        for (index_t t = 0; t < it.keys; ++t) out[t] *= steps[t * G * Maps];
+      }
+    } else {
+      const strided_rows keys(dequantized(k_first, steps, G * Maps, it.keys, d, G * Maps * d, ws.k_scratch), it.keys, d,
+                              Eigen::OuterStride<>(d));
+      s.leftCols(it.keys).noalias() = ws.q_rows * keys.transpose();
+    }
+  };
+  auto values = [&](workspace& ws, const decode_item& it, index_t, row_matrix<A>& s, A* acc_first) {
+    const std::int8_t* v_first = kv.values8.data() + ((it.b * S + it.t0) * G + it.j) * dv;
+    const A* steps = kv.value_steps.data() + (it.b * S + it.t0) * G + it.j;
+    Eigen::Map<row_matrix<A>> acc(acc_first, rows, dv);
+    if (rows <= gemv_rows) {
+      for (index_t row = 0; row < rows; ++row) {
+        A* weights = s.data() + row * cache_block;  // p_t · step_t: the probabilities are not needed after this
+        for (index_t t = 0; t < it.keys; ++t) weights[t] *= steps[t * G];
+        weighted_sum_of_rows(weights, v_first, G * dv, it.keys, dv, acc.data() + row * dv);
+      }
+    } else {
+      const strided_rows block(dequantized(v_first, steps, G, it.keys, dv, G * dv, ws.v_scratch), it.keys, dv,
+                               Eigen::OuterStride<>(dv));
+      acc.noalias() = s.leftCols(it.keys) * block;
+    }
+  };
+  decode_in_blocks<Maps, A, workspace>(
+      p, G, new_tokens, r, dv, lengths, Maps == 2 ? lambda(0) : A(0), logit_bits, scores, values,
+      [&](index_t b, index_t i, index_t h, const A* out) {
+        from_accum(out, dv, o.data() + ((b * new_tokens + i) * H + h) * dv);
+      });
 }
 
 }  // namespace difftx

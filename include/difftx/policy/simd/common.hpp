@@ -95,6 +95,32 @@ vec<accum_t<T>> load_as_accum(const T* p) {
   }
 }
 
+// W consecutive int8 values as one vector of A, sign-extended and converted in
+// registers (an int8 key/value cache read in place).
+template <class A>
+vec<A> load_int8_as(const std::int8_t* p) {
+  using V = vec<A>;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<A, float> && V::size == 16)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#endif
+#if defined(__AVX2__)
+  if constexpr (std::is_same_v<A, float> && V::size == 8)
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#endif
+  alignas(64) A lanes[V::size];
+  for (std::size_t i = 0; i < V::size; ++i) lanes[i] = A(p[i]);
+  return V::load_aligned(lanes);
+}
+// A row's W values as A: T's (load_as_accum) or int8's.
+template <class A, class E>
+vec<A> load_row_as(const E* p) {
+  if constexpr (std::is_same_v<E, std::int8_t>)
+    return load_int8_as<A>(p);
+  else
+    return load_as_accum(p);
+}
+
 // out[i] = the sum of rows[i]'s lanes, for the W = vec<A>::size vectors at
 // rows. xsimd's haddp does all W at once, but its lane order is right only for
 // 8 floats (AVX): xsimd 8.1's 16-lane float version returns the sums permuted
@@ -109,12 +135,11 @@ void lane_sums(const vec<A>* rows, A* out) {
 }
 
 // out[t] = Σ_c x[c] · R(t, c) for t < rows, R's row t at first + t·stride in
-// its storage type, converted in registers: W rows at a time, their W
-// accumulators reduced across lanes together (lane_sums). A matrix-vector
-// product for a few rows: decoding's scores and its projections.
-template <class T>
-void dots_with_rows(const accum_t<T>* x, const T* first, index_t stride, index_t rows, index_t k, accum_t<T>* out) {
-  using A = accum_t<T>;
+// its storage type (T, or int8), converted in registers: W rows at a time,
+// their W accumulators reduced across lanes together (lane_sums). A
+// matrix-vector product for a few rows: decoding's scores and its projections.
+template <class A, class T>
+void dots_with_rows(const A* x, const T* first, index_t stride, index_t rows, index_t k, A* out) {
   using V = vec<A>;
   constexpr index_t W = V::size;
   const index_t k_vec = k / W * W;
@@ -129,7 +154,7 @@ void dots_with_rows(const accum_t<T>* x, const T* first, index_t stride, index_t
     for (auto& a : acc) a = V(A(0));
     for (index_t c = 0; c < k_vec; c += W) {
       const V xv = V::load_unaligned(x + c);
-      for (index_t n = 0; n < W; ++n) acc[n] = xsimd::fma(xv, load_as_accum(first + (t + n) * stride + c), acc[n]);
+      for (index_t n = 0; n < W; ++n) acc[n] = xsimd::fma(xv, load_row_as<A>(first + (t + n) * stride + c), acc[n]);
     }
     lane_sums(acc, out + t);
     if (k_vec < k)
@@ -137,7 +162,7 @@ void dots_with_rows(const accum_t<T>* x, const T* first, index_t stride, index_t
   }
   for (; t < rows; ++t) {
     V acc(A(0));
-    for (index_t c = 0; c < k_vec; c += W) acc = xsimd::fma(V::load_unaligned(x + c), load_as_accum(first + t * stride + c), acc);
+    for (index_t c = 0; c < k_vec; c += W) acc = xsimd::fma(V::load_unaligned(x + c), load_row_as<A>(first + t * stride + c), acc);
     out[t] = xsimd::hadd(acc) + rest(t);
   }
 }

@@ -30,6 +30,9 @@ struct simd {
   // is fixed at compile time: without -march=native (or the target
   // difftx::native) x86-64 builds get "sse2" and run about 3x slower.
   static constexpr const char* instruction_set() noexcept { return xsimd::default_arch::name(); }
+  // Low-bit inference (docs/semantics.md): attention-logit quantization, int8
+  // key/value caches and int8 weights.
+  static constexpr bool low_bit = true;
   memory_resource& memory() const noexcept { return host_memory(); }
 };
 

@@ -1,0 +1,209 @@
+// Integer dot products of int8 rows on the CPU: C[i, j] = Σ_p A[i, p] · B[j, p]
+// exactly, in int32, for A and B stored as int8_rows (ops/int8.hpp: rows of
+// int8 padded with zeros to whole 64-byte vectors). The int8 Linear (y = x·wᵀ
+// with both quantized) and the int8 attention (Q·Kᵀ) are built on it.
+//
+// Kernels, chosen at run time once per process (int8_dot_kernel), all giving
+// the same exact sums:
+//  - avx512_vnni_int8: vpdpbusd (AVX512_VNNI: Ice Lake, Sapphire Rapids, Zen 4
+//    and later) adds four u8·s8 products into each int32 lane. A is offset to
+//    unsigned (a + 128, a byte's top bit flipped) and the sum corrected by
+//    128·Σ_p B[j, p] (int8_rows::sums), so both operands stream as bytes.
+//  - avx2_int8: vpmaddubsw on |a| and sign(a)·b (each pair of products at most
+//    2·127·127, below int16's limit: the values are in [-127, 127]), vpmaddwd
+//    to int32. Every x86-64 CPU difftx targets (Haswell, Zen 1 and later).
+//  - portable_int8: plain C++, elsewhere.
+// AVX-VNNI (the VEX form of vpdpbusd on CPUs without AVX-512) is not among
+// them: no machine at hand has it, and a path that never ran stays out.
+//
+// Products: int32 sums are exact while K·127² < 2^31 (K <= 133144; Linear
+// checks); vpdpbusd's lanes wrap on the way, which the correction undoes
+// modulo 2^32. Blocking: B in blocks of 64 rows (64 KB at K = 1024, in L2)
+// against every row of A, R rows of A x 4 rows of B per micro-kernel call.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "difftx/ops/int8.hpp"
+#include "difftx/policy/simd/common.hpp"
+
+// 1 where the x86 kernels are compiled in (GCC or clang on x86-64, not the
+// MSVC ABI, as DIFFTX_BF16_PAIRS); -DDIFFTX_INT8_DOTS=0 leaves them out.
+#if !defined(DIFFTX_INT8_DOTS)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
+#define DIFFTX_INT8_DOTS 1
+#else
+#define DIFFTX_INT8_DOTS 0
+#endif
+#endif
+
+namespace difftx::simd_detail {
+
+// The kernel interface: out[r·ldo + c] = Σ_p a[r·lda + p] · b[c·ldb + p] for
+// r < R <= rows, c < C <= 4, p < kp (a multiple of 64), a offset by 128 where
+// offset_a says so (then the sum is raw: the driver corrects it).
+struct portable_int8 {
+  static constexpr const char* name = "portable";
+  static constexpr int rows = 4;
+  static constexpr bool offset_a = false;
+  template <int R, int C>
+  static void dots(index_t kp, const std::int8_t* a, index_t lda, const std::int8_t* b, index_t ldb, std::int32_t* out,
+                   index_t ldo) noexcept {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) {
+        std::int32_t s = 0;
+        for (index_t p = 0; p < kp; ++p) s += std::int32_t{a[r * lda + p]} * std::int32_t{b[c * ldb + p]};
+        out[r * ldo + c] = s;
+      }
+  }
+};
+
+#if DIFFTX_INT8_DOTS
+struct avx2_int8 {
+  static constexpr const char* name = "avx2";
+  static constexpr int rows = 2;  // 8 accumulators, 4 of B, |a|, a, ones: 15 of the 16 registers
+  static constexpr bool offset_a = false;
+  template <int R, int C>
+  [[gnu::target("avx2")]] static void dots(index_t kp, const std::int8_t* a, index_t lda, const std::int8_t* b,
+                                           index_t ldb, std::int32_t* out, index_t ldo) noexcept {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[R][C];
+    for (auto& row : acc)
+      for (auto& x : row) x = _mm256_setzero_si256();
+    for (index_t p = 0; p < kp; p += 32) {
+      __m256i bv[C];
+      for (int c = 0; c < C; ++c) bv[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + c * ldb + p));
+      for (int r = 0; r < R; ++r) {
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + r * lda + p));
+        const __m256i magnitude = _mm256_sign_epi8(av, av);
+        for (int c = 0; c < C; ++c) {
+          const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(bv[c], av));
+          acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) out[r * ldo + c] = lane_sum(acc[r][c]);
+  }
+  [[gnu::target("avx2")]] static std::int32_t lane_sum(__m256i x) noexcept {
+    const __m128i half = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    const __m128i quarter = _mm_add_epi32(half, _mm_shuffle_epi32(half, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(quarter, _mm_shuffle_epi32(quarter, 0xb1)));
+  }
+};
+struct avx512_vnni_int8 {
+  static constexpr const char* name = "avx512vnni";
+  static constexpr int rows = 4;
+  static constexpr bool offset_a = true;
+  template <int R, int C>
+  [[gnu::target("avx512f,avx512bw,avx512vnni")]] static void dots(index_t kp, const std::int8_t* a, index_t lda,
+                                                                  const std::int8_t* b, index_t ldb, std::int32_t* out,
+                                                                  index_t ldo) noexcept {
+    __m512i acc[R][C];
+    for (auto& row : acc)
+      for (auto& x : row) x = _mm512_setzero_si512();
+    for (index_t p = 0; p < kp; p += 64) {
+      __m512i bv[C];
+      for (int c = 0; c < C; ++c) bv[c] = _mm512_loadu_si512(b + c * ldb + p);
+      for (int r = 0; r < R; ++r) {
+        const __m512i av = _mm512_loadu_si512(a + r * lda + p);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av, bv[c]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) {  // the zero-masked forms: GCC 12 warns on the others' undefined registers
+        const __m256i half = _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xf, acc[r][c], 0),
+                                              _mm512_maskz_extracti64x4_epi64(0xf, acc[r][c], 1));
+        out[r * ldo + c] = avx2_int8::lane_sum(half);
+      }
+  }
+};
+
+#endif
+
+// Which kernel this CPU runs (and its OS: AVX-512 registers saved), asked once.
+enum class int8_kernel { portable, avx2, avx512_vnni };
+inline int8_kernel int8_dot_kernel() noexcept {
+#if DIFFTX_INT8_DOTS
+  static const int8_kernel chosen = [] {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vnni"))
+      return int8_kernel::avx512_vnni;
+    if (__builtin_cpu_supports("avx2")) return int8_kernel::avx2;
+    return int8_kernel::portable;
+  }();
+  return chosen;
+#else
+  return int8_kernel::portable;
+#endif
+}
+inline const char* int8_kernel_name() noexcept {
+  switch (int8_dot_kernel()) {
+    case int8_kernel::avx512_vnni: return "avx512vnni";
+    case int8_kernel::avx2: return "avx2";
+    default: return "portable";
+  }
+}
+
+// The exact products of every row of a with every row of b (same padding),
+// handed to store(i, j0, n, sums): row i of a against rows j0 .. j0 + n of b.
+// Rows of b in blocks of 64 over the threads; a few rows of a (decoding) in
+// smaller blocks, so that both threads share the weights.
+template <class Kernel, class A, class Store>
+void int8_products_with(const policy::simd& p, const int8_rows<A>& a, const int8_rows<A>& b, Store&& store) {
+  constexpr int R = Kernel::rows;
+  const index_t M = a.rows, N = b.rows, kp = a.padded;
+  const std::int8_t* a_bytes = a.values.data();
+  aligned_vector<std::int8_t> offset;  // a + 128 for kernels that multiply unsigned bytes
+  if constexpr (Kernel::offset_a) {
+    offset.resize(a.values.size());
+    for (std::size_t e = 0; e < offset.size(); ++e) offset[e] = static_cast<std::int8_t>(a.values[e] ^ std::int8_t(-128));
+    a_bytes = offset.data();
+  }
+  const index_t block = M <= 4 ? std::max<index_t>(4, (N / (4 * thread_count(p)) + 3) / 4 * 4) : 64;
+  const index_t blocks = (N + block - 1) / block;
+#pragma omp parallel for num_threads(thread_count(p)) schedule(dynamic, 1) if (blocks > 1)
+  for (index_t jb = 0; jb < blocks; ++jb) {
+    const index_t j0 = jb * block, n = std::min(block, N - j0);
+    std::vector<std::int32_t> sums(static_cast<std::size_t>(R * n));
+    for (index_t i0 = 0; i0 < M; i0 += R) {
+      const index_t rows = std::min<index_t>(R, M - i0);
+      for (index_t j = 0; j < n; j += 4) {
+        const std::int8_t *ar = a_bytes + i0 * kp, *br = b.row(j0 + j);
+        std::int32_t* out = sums.data() + j;
+        if (rows == R && j + 4 <= n) {
+          Kernel::template dots<R, 4>(kp, ar, kp, br, kp, out, n);
+        } else {
+          for (index_t r = 0; r < rows; ++r)
+            for (index_t c = j; c < std::min(n, j + 4); ++c)
+              Kernel::template dots<1, 1>(kp, ar + r * kp, kp, b.row(j0 + c), kp, sums.data() + r * n + c, n);
+        }
+      }
+      for (index_t r = 0; r < rows; ++r) {
+        std::int32_t* row = sums.data() + r * n;
+        if constexpr (Kernel::offset_a)  // Σ (a + 128)·b - 128·Σ b, modulo 2^32 as the lanes wrapped
+          for (index_t c = 0; c < n; ++c)
+            row[c] = static_cast<std::int32_t>(static_cast<std::uint32_t>(row[c]) -
+                                               128u * static_cast<std::uint32_t>(b.sums[static_cast<std::size_t>(j0 + c)]));
+        store(i0 + r, j0, n, static_cast<const std::int32_t*>(row));
+      }
+    }
+  }
+}
+
+// int8_products_with on this CPU's kernel.
+template <class A, class Store>
+void int8_products(const policy::simd& p, const int8_rows<A>& a, const int8_rows<A>& b, Store&& store) {
+#if DIFFTX_INT8_DOTS
+  switch (int8_dot_kernel()) {
+    case int8_kernel::avx512_vnni: return int8_products_with<avx512_vnni_int8>(p, a, b, store);
+    case int8_kernel::avx2: return int8_products_with<avx2_int8>(p, a, b, store);
+    default: break;
+  }
+#endif
+  int8_products_with<portable_int8>(p, a, b, store);
+}
+
+}  // namespace difftx::simd_detail

@@ -1,0 +1,59 @@
+// simd linear forward with int8 weights (formula in difftx/ops/linear.hpp):
+// the rows of x quantized in parallel, the exact integer products of
+// gemm_int8.hpp, then y = A(sum) · s_x · s_w, in the reference's order (the
+// same bits). Decoding's few rows stream each weight byte once, a quarter of
+// float32's bytes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "difftx/ops/int8.hpp"
+#include "difftx/ops/linear.hpp"
+#include "difftx/policy/simd/common.hpp"
+#include "difftx/policy/simd/gemm_int8.hpp"
+
+namespace difftx {
+
+namespace simd_detail {
+
+// The rows of x [M, K] (storage T) quantized, on the policy's threads.
+template <class T>
+int8_rows<accum_t<T>> quantized_rows(const policy::simd& p, cview<T, 2> x) {
+  using A = accum_t<T>;
+  const index_t M = x.extent(0), K = x.extent(1);
+  int8_rows<A> rows(M, K);
+#pragma omp parallel num_threads(thread_count(p)) if (M > 4)
+  {
+    std::vector<A> scratch;
+#pragma omp for schedule(static)
+    for (index_t m = 0; m < M; ++m) rows.set_row(m, accum_row(x.data() + m * K, K, scratch));
+  }
+  return rows;
+}
+
+}  // namespace simd_detail
+
+// y[M, N] = (x[M, K] quantized per row) · w8[N, K]^T, scaled
+template <class T>
+  requires supported_by<policy::simd, T>
+void linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_t<T>>& w, TensorView<T, 2> y) {
+  using namespace simd_detail;
+  using A = accum_t<T>;
+  constexpr std::string_view where = "linear_forward";
+  detail::check_linear_int8(where, memory_space::host, x, w, y);
+  const auto x8 = quantized_rows<T>(p, x);
+  const index_t N = w.rows;
+  int8_products(p, x8, w, [&](index_t m, index_t j0, index_t n, const std::int32_t* sums) {
+    alignas(64) A out[64];
+    const A step = x8.steps[static_cast<std::size_t>(m)];
+    for (index_t c0 = 0; c0 < n; c0 += 64) {
+      const index_t width = std::min<index_t>(64, n - c0);
+      for (index_t c = 0; c < width; ++c)
+        out[c] = A(sums[c0 + c]) * step * w.steps[static_cast<std::size_t>(j0 + c0 + c)];
+      from_accum(out, width, y.data() + m * N + j0 + c0);
+    }
+  });
+}
+
+}  // namespace difftx
