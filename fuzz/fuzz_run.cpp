@@ -16,7 +16,8 @@
 //   `w`, `x` and `dy` in this process's temporary folder ($TMPDIR or /tmp,
 //   difftx_fuzz_run.XXXXXX), which is emptied before every input.
 // - The value of every path option (--weights, --input, --output, --grad-output,
-//   --grad-input, --grad-weights; as the next token or after '=') becomes a
+//   --grad-input, --grad-weights, --model, --tokens; as the next token or
+//   after '=') becomes a
 //   file in that folder: its characters other than [A-Za-z0-9._-] are dropped,
 //   and "", "." and ".." name the folder itself. So "--weights w --input x
 //   --output y --grad-output dy --grad-input dx --grad-weights dw" reads the
@@ -72,8 +73,8 @@ const char* const file_names[] = {"w", "x", "dy"};  // parts 1, 2, 3
 // The options of `difftx run` whose value is a file path (cmd_run.cpp), and
 // those that take other text. An option of type TEXT in neither list stops the
 // target at start-up, so a new path option cannot escape the folder unnoticed.
-const std::set<std::string> path_options{"--weights",     "--input",      "--output",
-                                         "--grad-output", "--grad-input", "--grad-weights"};
+const std::set<std::string> path_options{"--weights",     "--input",      "--output",       "--grad-output",
+                                         "--grad-input", "--grad-weights", "--model", "--tokens"};
 const std::set<std::string> text_options{"--module", "--dtype", "--policy"};
 
 bool verbose() {

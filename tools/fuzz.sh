@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (CMake preset fuzz: clang, -fsanitize=fuzzer,address,undefined, into
-# build/fuzz) and runs each for SECONDS (default 60) over a copy of its seed corpus (fuzz/corpus/<target>,
+# build/fuzz) and runs each for SECONDS (default 60), one per core side by side, over a copy of its seed
+# corpus (fuzz/corpus/<target>,
 # never written to), with its dictionary (fuzz/<target>.dict) and its own -max_len. Prints, per target,
 # the executions, exec/s and coverage (cov: edges, ft: features, corp: units/bytes), and exits 1 if any
 # target reported a finding (crash, sanitizer report, leak, timeout, out-of-memory), naming the input
@@ -39,36 +40,54 @@ cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz
 echo "fuzz build: $(($(date +%s) - start)) s"
 
-summary=()
-failed=0
-for t in "${targets[@]}"; do
-  log="$out/$t.log"
+# fuzz_one TARGET: runs it and writes its summary line to $out/TARGET.result (and the end of its log,
+# on a finding). Targets run side by side, one per core (each libFuzzer process uses one thread).
+fuzz_one() {
+  local t=$1 log="$out/$1.log" rc=0
   rm -rf "$out/corpus/$t"
   cp -r "fuzz/corpus/$t" "$out/corpus/$t"
-  echo
-  echo "== $t: $seconds s, -max_len=${max_len[$t]}, corpus copy $out/corpus/$t"
-  rc=0
   TMPDIR="$out/tmp" UBSAN_OPTIONS=print_stacktrace=1 \
     "build/fuzz/fuzz/$t" "$out/corpus/$t" -dict="fuzz/$t.dict" -max_len="${max_len[$t]}" \
     -max_total_time="$seconds" -timeout="${FUZZ_TIMEOUT:-25}" -rss_limit_mb="${FUZZ_RSS_MB:-2048}" \
     -artifact_prefix="$out/$t-" -print_final_stats=1 >"$log" 2>&1 || rc=$?
   stat() { sed -n "s/^stat::$1: *//p" "$log" | tail -1; }
+  local execs rate coverage result
   execs=$(stat number_of_executed_units)
   rate=$(stat average_exec_per_sec)
   coverage=$(grep -o 'cov: [0-9]* ft: [0-9]* corp: [0-9]*/[0-9]*[a-zA-Z]*' "$log" | tail -1 || true)
-  line="$t: ${execs:-?} executions, ${rate:-?} exec/s, ${coverage:-no coverage line}"
   if ((rc == 0)); then
     result="ok"
   else
-    failed=1
+    local artifact kind
     artifact=$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)
     kind=$(grep -o -m1 'ERROR: libFuzzer: [a-z-]*\|ERROR: AddressSanitizer: [a-z-]*\|ERROR: LeakSanitizer: [a-z-]*\|runtime error: .*\|fuzz_run: finding: .*\|fuzz_[a-z]*: [a-z].*' "$log" | head -1 || true)
     result="FINDING (exit $rc): ${kind:-see the log}; input: ${artifact:-none written}"
-    echo "-- the end of $log:"
-    tail -n 60 "$log"
   fi
-  echo "$line: $result"
-  summary+=("$line: $result")
+  echo "$t: ${execs:-?} executions, ${rate:-?} exec/s, ${coverage:-no coverage line}: $result" >"$out/$t.result"
+}
+
+jobs=$(nproc)
+echo
+echo "== ${targets[*]}: $seconds s each, $jobs at a time; corpus copies in $out/corpus"
+running=0
+for t in "${targets[@]}"; do
+  if ((running == jobs)); then wait -n || true; running=$((running - 1)); fi
+  fuzz_one "$t" &
+  running=$((running + 1))
+done
+wait
+
+summary=()
+failed=0
+for t in "${targets[@]}"; do
+  line=$(cat "$out/$t.result")
+  if [[ $line != *": ok" ]]; then
+    failed=1
+    echo "-- the end of $out/$t.log:"
+    tail -n 60 "$out/$t.log"
+  fi
+  echo "$line"
+  summary+=("$line")
 done
 
 echo
