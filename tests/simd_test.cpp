@@ -104,7 +104,10 @@ void check_reduced_linear(index_t M, index_t N, index_t K) {
 }
 
 TEST_CASE("simd: float16 and bfloat16 linear across the product's blocks") {
-  for (auto [M, N, K] : {std::array<index_t, 3>{1, 300, 77}, {133, 261, 530}, {67, 17, 1030}, {5, 3, 2}, {3, 7, 19}}) {
+  // M <= 4 is decoding's matrix-vector product; an even K reads bfloat16 rows as pairs (bf16_pair_dots),
+  // here with and without a tail past the last whole 2W and with rows past the last whole W.
+  for (auto [M, N, K] : {std::array<index_t, 3>{1, 300, 77}, {133, 261, 530}, {67, 17, 1030}, {5, 3, 2}, {3, 7, 19},
+                         {1, 300, 78}, {4, 33, 64}, {2, 17, 2}, {1, 40, 98}, {3, 16, 96}, {1, 5, 34}}) {
     check_reduced_linear<Eigen::bfloat16>(M, N, K);
     check_reduced_linear<Eigen::half>(M, N, K);
   }
