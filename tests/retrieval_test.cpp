@@ -145,6 +145,15 @@ train_config tiny_training(index_t steps) {
   t.seed = 7;
   return t;
 }
+// What a report records of a tiny run (write_report's setup).
+run_setup tiny_setup(const task_config& task, index_t steps) {
+  run_setup setup;
+  setup.task = task;
+  setup.model = tiny_model();
+  setup.train = tiny_training(steps);
+  setup.head_dim = 8;
+  return setup;
+}
 
 double mean_loss(const std::vector<step_record>& h, std::size_t begin, std::size_t end) {
   double s = 0;
@@ -343,11 +352,7 @@ TEST_CASE("the two-model report keeps its columns and its six checks") {
              .history = diff.history(), .eval = diff.evaluate({.per_cell = 1, .stats_batch = 1})};
   runs[1] = {.name = "baseline", .label = "Transformer", .short_label = "Transformer", .parameters = base.parameter_count(),
              .history = base.history(), .eval = base.evaluate({.per_cell = 1, .stats_batch = 1})};
-  run_setup setup;
-  setup.task = task;
-  setup.model = tiny_model();
-  setup.train = tiny_training(2);
-  setup.head_dim = 8;
+  const auto setup = tiny_setup(task, 2);
   test_support::temp_folder folder;
   const auto v = write_report(folder.path(), setup, {&runs[0], &runs[1]}, 1.0);
   CHECK(v.total == 6);
@@ -407,11 +412,7 @@ TEST_CASE("accuracy with quantized attention logits: 16 bits is the evaluation i
     for (std::size_t i = 1; i < 4; ++i) CHECK(again.by_logit_bits[i].correct == again.by_logit_bits[0].correct);
   }
 
-  run_setup setup;
-  setup.task = task;
-  setup.model = tiny_model();
-  setup.train = tiny_training(20);
-  setup.head_dim = 8;
+  const auto setup = tiny_setup(task, 20);
   test_support::temp_folder folder;
   write_report(folder.path(), setup, {&runs[0], &runs[1]}, 1.0);
   std::ifstream csv(folder / "logit_bits.csv");
