@@ -381,13 +381,15 @@ void register_bf16_products() {
 // rows of 8 KiB at once, summed in the widest vectors of this CPU. One
 // sequential stream per core reads less on these machines (Zen 4: ~27 GB/s
 // against ~32-40 GB/s), so it would understate the bound. Decoding reads every
-// weight once per token: bytes per token over this rate is its bound.
+// weight once per token: bytes per token over this rate is its bound. The
+// buffer is a tensor's, on the pages a model's weights get (huge pages where
+// the kernel gives them).
 void read_bandwidth(benchmark::State& state) {
   using batch = xsimd::batch<float>;
   constexpr std::size_t row = 2048, rows = 8, count = std::size_t{1} << 28;  // 1 GiB of floats
-  std::vector<float, xsimd::aligned_allocator<float>> values(count);
+  Tensor<float, 1> values({static_cast<index_t>(count)});
 #pragma omp parallel for schedule(static)
-  for (std::size_t i = 0; i < count; ++i) values[i] = 1.0f;  // each thread faults in the pages it will read
+  for (std::size_t i = 0; i < count; ++i) values.data()[i] = 1.0f;  // each thread faults in the pages it will read
   float total = 0;
   for (auto _ : state) {
     float sum = 0;

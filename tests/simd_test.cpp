@@ -166,7 +166,39 @@ struct modelled_bf16_pairs {
         c[r * ldc + col] = sum;
       }
   }
+  static constexpr index_t dot_rows = 5;  // a slice that divides none of the chunks below
+  static void row_dots(const Eigen::bfloat16* x, const Eigen::bfloat16* first, index_t stride, index_t rows, index_t k,
+                       float* out) noexcept {
+    for (index_t t = 0; t < rows; ++t) {
+      float sum = 0;
+      for (index_t c = 0; c < k; c += 2) {
+        if (c + 1 < k) sum += float(x[c + 1]) * float(first[t * stride + c + 1]);
+        sum += float(x[c]) * float(first[t * stride + c]);
+      }
+      out[t] = sum;
+    }
+  }
 };
+
+// The entries of two M x N bfloat16 results that differ past the bar above,
+// magnitude(i, j) the sum of |a·b| (and |c| where the product accumulates).
+template <class Magnitude>
+void check_agreement(index_t M, index_t N, index_t K, const Eigen::bfloat16* converted, const Eigen::bfloat16* paired,
+                     Magnitude&& magnitude) {
+  constexpr double u32 = 0x1p-24, bf16_step = 0x1p-7;
+  int misses = 0;
+  double worst = 0;
+  for (index_t i = 0; i < M; ++i)
+    for (index_t j = 0; j < N; ++j) {
+      const double m = magnitude(i, j), x = double(converted[i * N + j]), y = double(paired[i * N + j]);
+      const double bar = 2 * (K + 1) * u32 * m + bf16_step * (std::abs(x) + bf16_step * m);
+      const bool agrees = std::abs(x - y) <= bar;  // false for NaN and infinities too
+      if (agrees) worst = std::max(worst, std::abs(x - y) / bar);
+      misses += !agrees;
+    }
+  INFO("worst difference " << worst << " of its bar");
+  CHECK(misses == 0);
+}
 
 template <simd_detail::a_storage AS, simd_detail::b_storage BS, class Kernel>
 void check_bf16_pairs(index_t M, index_t N, index_t K, bool accumulate) {
@@ -185,23 +217,30 @@ void check_bf16_pairs(index_t M, index_t N, index_t K, bool accumulate) {
   simd_detail::converted_gemm<AS, BS>(threads, M, N, K, a_stored, lda, b_stored, ldb, converted.data(), N, accumulate);
   simd_detail::bf16_pair_gemm<AS, BS, Kernel>(threads, M, N, K, a_stored, lda, b_stored, ldb, paired.data(), N,
                                                accumulate);
-  constexpr double u32 = 0x1p-24, bf16_step = 0x1p-7;
-  int misses = 0;
-  double worst = 0;
-  for (index_t i = 0; i < M; ++i)
-    for (index_t j = 0; j < N; ++j) {
-      double magnitude = accumulate ? std::abs(double(c0.data()[i * N + j])) : 0.0;
-      for (index_t p = 0; p < K; ++p)
-        magnitude += std::abs(double(a_stored[a_index(i, p)]) * double(b_stored[b_index(p, j)]));
-      const double x = double(converted.data()[i * N + j]), y = double(paired.data()[i * N + j]);
-      const double bar = 2 * (K + 1) * u32 * magnitude + bf16_step * (std::abs(x) + bf16_step * magnitude);
-      const bool agrees = std::abs(x - y) <= bar;  // false for NaN and infinities too
-      if (agrees) worst = std::max(worst, std::abs(x - y) / bar);
-      misses += !agrees;
-    }
-  INFO("M=" << M << " N=" << N << " K=" << K << std::string(accumulate ? " +=" : " =") << ", worst difference " << worst
-            << " of its bar");
-  CHECK(misses == 0);
+  INFO("M=" << M << " N=" << N << " K=" << K << std::string(accumulate ? " +=" : " ="));
+  check_agreement(M, N, K, converted.data(), paired.data(), [&](index_t i, index_t j) {
+    double magnitude = accumulate ? std::abs(double(c0.data()[i * N + j])) : 0.0;
+    for (index_t p = 0; p < K; ++p) magnitude += std::abs(double(a_stored[a_index(i, p)]) * double(b_stored[b_index(p, j)]));
+    return magnitude;
+  });
+}
+
+// Decoding's matrix-vector products on the kernel's row_dots against the
+// converting ones (reduced_gemv), y = x · wᵀ.
+template <class Kernel>
+void check_bf16_pair_gemv(index_t M, index_t N, index_t K) {
+  using B16 = Eigen::bfloat16;
+  const auto x = test_support::random_tensor<B16, 2>({M, K}, 25), w = test_support::random_tensor<B16, 2>({N, K}, 26);
+  Tensor<B16, 2> converted({M, N}), paired({M, N});
+  const policy::simd threads{2};
+  simd_detail::reduced_gemv(threads, M, N, K, x.data(), w.data(), converted.data());
+  simd_detail::bf16_pair_gemv<Kernel>(threads, M, N, K, x.data(), w.data(), paired.data());
+  INFO("matrix-vector M=" << M << " N=" << N << " K=" << K);
+  check_agreement(M, N, K, converted.data(), paired.data(), [&](index_t i, index_t j) {
+    double magnitude = 0;
+    for (index_t p = 0; p < K; ++p) magnitude += std::abs(double(x.data()[i * K + p]) * double(w.data()[j * K + p]));
+    return magnitude;
+  });
 }
 
 template <class Kernel>
@@ -219,6 +258,11 @@ void check_bf16_pairs_everywhere() {
       check_bf16_pairs<a_storage::rows, b_storage::rows, Kernel>(M, N, K, accumulate);
       check_bf16_pairs<a_storage::columns, b_storage::rows, Kernel>(M, N, K, accumulate);
     }
+  // Decoding: one to four rows of x; depths below, at and past 32 values
+  // with odd ends; w's rows in whole slices, ragged ones and chunks of both.
+  for (auto [M, N, K] : {std::array<index_t, 3>{1, 300, 77}, {4, 33, 64}, {2, 17, 2}, {1, 40, 98}, {3, 16, 96},
+                         {1, 5, 1}, {2, 64, 31}, {1, 1030, 2048}, {4, 7, 0}})
+    check_bf16_pair_gemv<Kernel>(M, N, K);
 }
 
 #if DIFFTX_BF16_PAIRS

@@ -7,9 +7,16 @@
 //  - policy fake_device runs MultiHead's ops as a device policy must look from
 //    outside: the reference kernels on host copies of the device tensors, the
 //    outputs uploaded back.
+// Also policy::cuda's plan cache (policy/cuda/plan_cache.hpp), host code
+// that needs no GPU either.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
 #include <cstring>
 #include <limits>
 #include <tuple>
@@ -18,6 +25,7 @@
 
 #include <difftx/difftx.hpp>
 #include <difftx/modules/copy_parameters.hpp>
+#include <difftx/policy/cuda/plan_cache.hpp>
 
 #include "support/helpers.hpp"
 
@@ -397,4 +405,37 @@ TEST_CASE("gradcheck: x in a device memory the module does not use is refused") 
   const auto x_device = to_memory(random_tensor<double, 3>({1, 2, 12}, 9), fake_memory());
   expect_input_error([&] { (void)testing::gradcheck(host, x_device.view()); }, "gradcheck", "x",
                      "host memory or the module's", "device memory");
+}
+
+// One build per key however many threads ask at once; past its capacity the
+// cache starts again, and a plan already handed out stays valid.
+TEST_CASE("policy::cuda's plan cache builds each plan once and stays bounded") {
+  cuda_detail::plan_cache<int, std::string> cache(3);
+  std::atomic<int> builds = 0;
+  auto builder = [&builds](int key) {
+    return [&builds, key] {
+      ++builds;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a window for a second builder
+      return std::make_shared<const std::string>("plan " + std::to_string(key));
+    };
+  };
+  std::vector<std::shared_ptr<const std::string>> got(8);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) threads.emplace_back([&, t] { got[t] = cache.get(t % 2, builder(t % 2)); });
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < 8; ++t) {
+    CHECK(*got[t] == "plan " + std::to_string(t % 2));
+    CHECK(got[t] == got[t % 2]);  // every thread holds the one plan kept for its key
+  }
+  CHECK(cache.size() == 2);
+  const int built = builds;
+  CHECK(cache.get(1, builder(1)) == got[1]);
+  CHECK(builds == built);  // asked again: not rebuilt
+
+  const auto third = cache.get(2, builder(2));
+  CHECK(cache.size() == 3);
+  cache.get(3, builder(3));  // past the capacity: the cache starts again with this one
+  CHECK(cache.size() == 1);
+  CHECK(*third == "plan 2");  // still valid in its holder's hands
+  CHECK(cache.get(2, builder(2)) != third);  // rebuilt on the next ask
 }

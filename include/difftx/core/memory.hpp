@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <list>
@@ -14,6 +15,7 @@
 
 #if __has_include(<sys/mman.h>)
 #include <sys/mman.h>
+#include <unistd.h>
 #define DIFFTX_HOST_PAGES 1
 #else
 #define DIFFTX_HOST_PAGES 0
@@ -64,13 +66,15 @@ class memory_resource {
 // pages (POSIX mmap), which are zero and take no memory until first written:
 // a zeroed tensor that is never written (the gradients of a model loaded only
 // for inference) costs no resident memory, and zeroing a large tensor costs
-// no pass over it.
+// no pass over it. They start on a 2 MiB boundary and ask for huge pages
+// (huge_page_block).
 class host_memory_resource final : public memory_resource {
  public:
   static constexpr std::size_t alignment = 64;
   static constexpr std::size_t reuse_threshold = std::size_t{64} << 10;
   static constexpr std::size_t default_cache_limit = std::size_t{256} << 20;
   static constexpr std::size_t page_threshold = std::size_t{4} << 20;
+  static constexpr std::size_t huge_page = std::size_t{2} << 20;
 
   host_memory_resource() = default;
   host_memory_resource(const host_memory_resource&) = delete;
@@ -146,14 +150,30 @@ class host_memory_resource final : public memory_resource {
   }
   static void* fresh_block(std::size_t bytes) {
 #if DIFFTX_HOST_PAGES
-    if (from_pages(bytes)) {
-      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
-      return p;
-    }
+    if (from_pages(bytes)) return huge_page_block(bytes);
 #endif
     return ::operator new(bytes, std::align_val_t{alignment});
   }
+#if DIFFTX_HOST_PAGES
+  // Fresh pages starting on a huge-page boundary, asked to be huge pages
+  // (Linux's transparent huge pages, where they are enabled or on request):
+  // a decode step streams all of a model's weights, and on 4 KiB pages that
+  // is a page-table walk every 4 KiB (each row of a 2048-wide bfloat16 weight).
+  static void* huge_page_block(std::size_t bytes) {
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t length = (bytes + page - 1) / page * page, span = length + huge_page;
+    void* mapped = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == MAP_FAILED) throw std::bad_alloc();
+    char* const first = static_cast<char*>(mapped);
+    char* const start = first + (huge_page - reinterpret_cast<std::uintptr_t>(first) % huge_page) % huge_page;
+    if (start > first) ::munmap(first, static_cast<std::size_t>(start - first));  // the unaligned head
+    if (first + span > start + length) ::munmap(start + length, static_cast<std::size_t>(first + span - start - length));
+#if defined(MADV_HUGEPAGE)
+    ::madvise(start, length, MADV_HUGEPAGE);  // a hint: refused, the block is still good
+#endif
+    return start;
+  }
+#endif
   static void free_block(void* p, std::size_t bytes) noexcept {
 #if DIFFTX_HOST_PAGES
     if (from_pages(bytes)) {

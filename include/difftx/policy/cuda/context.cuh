@@ -1,7 +1,10 @@
 // The CUDA policy's state: a device, a stream every kernel and copy runs on,
-// a cuBLASLt handle with its workspace, and stream-ordered device memory.
+// a cuBLASLt handle with its workspace and its plans, and stream-ordered
+// device memory.
 #pragma once
 
+#include <compare>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -12,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "difftx/core/memory.hpp"
+#include "difftx/policy/cuda/plan_cache.hpp"
 
 namespace difftx {
 
@@ -65,6 +69,42 @@ class device_memory_resource final : public memory_resource {
   cudaStream_t stream_;
 };
 
+namespace cuda_detail {
+
+// One cuBLASLt product's plan (linear.cuh's lt_matmul): its descriptors and
+// the algorithm the heuristic chose, for one key of types, transposes, sizes,
+// leading dimensions and the alignment of the three pointers (the heuristic
+// may pick an algorithm that needs 256-byte starts unless told otherwise;
+// beta is a pointer at the call, not part of the key).
+struct matmul_key {
+  int type = 0;
+  bool transpose_a = false, transpose_b = false;
+  std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  std::uint32_t align_a = 0, align_b = 0, align_c = 0;
+  auto operator<=>(const matmul_key&) const = default;
+};
+// The largest power of two up to 256 that divides the address.
+inline std::uint32_t pointer_alignment(const void* p) {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  return address % 256 == 0 ? 256u : static_cast<std::uint32_t>(address & (~address + 1));
+}
+struct matmul_plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  matmul_plan() = default;
+  matmul_plan(const matmul_plan&) = delete;
+  matmul_plan& operator=(const matmul_plan&) = delete;
+  ~matmul_plan() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+}  // namespace cuda_detail
+
 struct cuda_context {
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -72,6 +112,7 @@ struct cuda_context {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
   std::unique_ptr<device_memory_resource> memory;
+  cuda_detail::plan_cache<cuda_detail::matmul_key, cuda_detail::matmul_plan> matmul_plans;
 
   explicit cuda_context(int device_index) : device(device_index) {
     DIFFTX_CUDA_CHECK(cudaSetDevice(device));

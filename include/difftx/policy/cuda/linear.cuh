@@ -6,7 +6,11 @@
 // so each row-major product below is written as its transpose.
 #pragma once
 
+#include <array>
+#include <memory>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include <cublasLt.h>
 
@@ -34,49 +38,65 @@ constexpr cudaDataType_t blas_type() {
 template <class T>
 constexpr bool blas_in_double = std::is_same_v<T, double>;
 
+// The plan of a product, built on the first call with its key and kept in
+// the context (plan_cache.hpp).
+template <class T>
+std::shared_ptr<const matmul_plan> lt_plan(const policy::cuda& p, const matmul_key& key) {
+  return p.context->matmul_plans.get(key, [&] {
+    const cudaDataType_t type = blas_type<T>();
+    auto plan = std::make_shared<matmul_plan>();  // its destructor frees what was made before a throw
+    if constexpr (blas_in_double<T>)
+      DIFFTX_CUDA_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_64F, CUDA_R_64F));
+    else
+      DIFFTX_CUDA_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = key.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            tb = key.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    DIFFTX_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    DIFFTX_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    const auto [m, n, k] = std::array{key.m, key.n, key.k};
+    DIFFTX_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan->a, type, key.transpose_a ? k : m, key.transpose_a ? m : k, key.lda));
+    DIFFTX_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan->b, type, key.transpose_b ? n : k, key.transpose_b ? k : n, key.ldb));
+    DIFFTX_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan->c, type, m, n, key.ldc));
+    cublasLtMatmulPreference_t preference = nullptr;
+    DIFFTX_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    const cublasStatus_t status = [&] {
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> alignments[] = {
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}};
+      for (const auto& [attribute, bytes] : alignments)
+        if (auto set = cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof bytes);
+            set != CUBLAS_STATUS_SUCCESS)
+          return set;
+      const cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(
+          preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &p.context->workspace_bytes, sizeof(std::size_t));
+      if (set != CUBLAS_STATUS_SUCCESS) return set;
+      return cublasLtMatmulAlgoGetHeuristic(p.context->blas, plan->op, plan->a, plan->b, plan->c, plan->c, preference,
+                                            1, &heuristic, &found);
+    }();
+    cublasLtMatmulPreferenceDestroy(preference);
+    DIFFTX_CUDA_CHECK(status);
+    if (found == 0)
+      throw cuda_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                       std::to_string(k) + " product");
+    plan->algo = heuristic.algo;
+    return std::shared_ptr<const matmul_plan>(std::move(plan));
+  });
+}
+
 // C[m, n] = alpha op(A) op(B) + beta C, column-major, A/B/C of type T, alpha = 1.
 template <class T>
 void lt_matmul(const policy::cuda& p, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, const T* a,
                int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, double beta) {
-  const cudaDataType_t type = blas_type<T>();
   using Alpha = std::conditional_t<blas_in_double<T>, double, float>;
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulPreference_t preference = nullptr;
-  auto release = [&] {
-    if (preference) cublasLtMatmulPreferenceDestroy(preference);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
-  };
-  try {
-    if constexpr (blas_in_double<T>)
-      DIFFTX_CUDA_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_64F, CUDA_R_64F));
-    else
-      DIFFTX_CUDA_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    DIFFTX_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    DIFFTX_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    DIFFTX_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, type, transpose_a ? k : m, transpose_a ? m : k, lda));
-    DIFFTX_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lb, type, transpose_b ? n : k, transpose_b ? k : n, ldb));
-    DIFFTX_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lc, type, m, n, ldc));
-    DIFFTX_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    DIFFTX_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &p.context->workspace_bytes, sizeof(std::size_t)));
-    cublasLtMatmulHeuristicResult_t heuristic{};
-    int found = 0;
-    DIFFTX_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(p.context->blas, op, la, lb, lc, lc, preference, 1, &heuristic, &found));
-    if (found == 0) throw cuda_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) +
-                                     "x" + std::to_string(k) + " product");
-    const Alpha alpha = 1, beta_typed = static_cast<Alpha>(beta);
-    DIFFTX_CUDA_CHECK(cublasLtMatmul(p.context->blas, op, &alpha, a, la, b, lb, &beta_typed, c, lc, c, lc,
-                                     &heuristic.algo, p.context->workspace, p.context->workspace_bytes, p.stream()));
-  } catch (...) {
-    release();
-    throw;
-  }
-  release();
+  const auto plan = lt_plan<T>(p, {static_cast<int>(blas_type<T>()), transpose_a, transpose_b, m, n, k, lda, ldb, ldc,
+                                   pointer_alignment(a), pointer_alignment(b), pointer_alignment(c)});
+  const Alpha alpha = 1, beta_typed = static_cast<Alpha>(beta);
+  DIFFTX_CUDA_CHECK(cublasLtMatmul(p.context->blas, plan->op, &alpha, a, plan->a, b, plan->b, &beta_typed, c, plan->c, c,
+                                   plan->c, &plan->algo, p.context->workspace, p.context->workspace_bytes, p.stream()));
 }
 
 }  // namespace cuda_detail

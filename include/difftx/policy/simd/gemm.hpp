@@ -117,11 +117,6 @@ void pack_panels(const T* src, index_t ld, index_t k, index_t n, index_t n_pad, 
     pack_rows(src + j, ld, k, std::clamp<index_t>(n - j, 0, P), dst + j * k, P);
 }
 
-// y[M, N] = x[M, K] · w[N, K]ᵀ for a few rows (decoding): nothing to reuse a
-// packed copy of w for, so w streams once, converted in registers
-// (dots_with_rows); x's rows are converted once.
-constexpr index_t gemv_max_rows = 4;
-
 // x[K] as float in the layout bf16_pair_dots reads: each 2W values as the W
 // of even index, then the W of odd index; K rounded up to 2W with zeros.
 inline index_t split_pairs_size(index_t K) { return (K + 2 * vec<float>::size - 1) / (2 * vec<float>::size) * 2 * vec<float>::size; }
@@ -178,6 +173,8 @@ inline void bf16_pair_dots(const float* split, const Eigen::bfloat16* first, ind
   }
 }
 
+// Decoding's products (for_each_gemv_slice) with w converted in registers
+// (dots_with_rows) and x's rows converted once.
 template <class T>
 void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const T* x, const T* w, T* y) {
   using A = accum_t<T>;
@@ -195,18 +192,10 @@ void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const 
     for (index_t i = 0; i < M; ++i) split_pairs(x + i * K, K, xa + i * x_size);
   else
     to_accum(x, M * K, xa);
-  // About four chunks of w's rows per thread, rounded up so that they split evenly.
-  const index_t parts = 4 * thread_count(p), chunk = std::max<index_t>(4 * W, (N + parts - 1) / parts);
-  parallel_chunks(p, N, chunk, [&](index_t j0, index_t j1) {
-    for (index_t j = j0; j < j1; j += W)  // W rows of w stay in L1 for every row of x
-      for (index_t i = 0; i < M; ++i) {
-        if constexpr (bf16_floats)
-          if (pairs) {
-            bf16_pair_dots(xa + i * x_size, w + j * K, K, std::min(W, j1 - j), K, out + i * N + j);
-            continue;
-          }
-        dots_with_rows(xa + i * K, w + j * K, K, std::min(W, j1 - j), K, out + i * N + j);
-      }
+  for_each_gemv_slice(p, M, N, W, [&](index_t i, index_t j, index_t rows) {
+    if constexpr (bf16_floats)
+      if (pairs) return bf16_pair_dots(xa + i * x_size, w + j * K, K, rows, K, out + i * N + j);
+    dots_with_rows(xa + i * K, w + j * K, K, rows, K, out + i * N + j);
   });
   from_accum(out, M * N, y);
 }
@@ -258,13 +247,16 @@ template <a_storage AS, b_storage BS, class T>
 void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const T* a, index_t lda, const T* b,
                   index_t ldb, T* c, index_t ldc, bool accumulate) {
   if (M == 0 || N == 0) return;
-  if constexpr (AS == a_storage::rows && BS == b_storage::columns)
-    if (M <= gemv_max_rows && !accumulate && lda == K && ldb == K && ldc == N) return reduced_gemv(p, M, N, K, a, b, c);
+  constexpr bool gemv_form = AS == a_storage::rows && BS == b_storage::columns;
+  const bool gemv = gemv_form && M <= gemv_max_rows && !accumulate && lda == K && ldb == K && ldc == N;
 #if DIFFTX_BF16_PAIRS
   if constexpr (std::is_same_v<T, Eigen::bfloat16>)
-    if (p.bf16_product_used() == policy::bf16_product::dot_instructions)
+    if (p.bf16_product_used() == policy::bf16_product::dot_instructions) {
+      if (gemv) return bf16_pair_gemv<avx512_bf16_pairs>(p, M, N, K, a, b, c);
       return bf16_pair_gemm<AS, BS, avx512_bf16_pairs>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
+    }
 #endif
+  if (gemv) return reduced_gemv(p, M, N, K, a, b, c);
   converted_gemm<AS, BS>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
 }
 

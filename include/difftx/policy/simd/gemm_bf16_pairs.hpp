@@ -105,7 +105,31 @@ void bf16_pair_gemm(const policy::simd& p, index_t M, index_t N, index_t K, cons
   }
 }
 
+// Decoding's y[M, N] = x[M, K] · w[N, K]ᵀ (M ≤ gemv_max_rows) on Kernel's
+// row_dots: rows stored along the depth are pair words as they lie, so
+// nothing is packed or converted and w streams once at the instruction's
+// rate (a conversion costs as much as the memory on two cores).
+template <class Kernel>
+void bf16_pair_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const Eigen::bfloat16* x,
+                    const Eigen::bfloat16* w, Eigen::bfloat16* y) {
+  auto& scratch = gemm_scratch<float>::local();  // the calling thread's
+  scratch.c.resize(static_cast<std::size_t>(M * N));
+  float* const out = scratch.c.data();
+  for_each_gemv_slice(p, M, N, Kernel::dot_rows, [&](index_t i, index_t j, index_t rows) {
+    Kernel::row_dots(x + i * K, w + j * K, K, rows, K, out + i * N + j);
+  });
+  from_accum(out, M * N, y);
+}
+
 #if DIFFTX_BF16_PAIRS
+// GCC 12 takes the undefined pass-through operand inside its AVX-512 shuffle
+// intrinsics for an uninitialised variable once they are inlined here (GCC
+// bug 105593): a false warning.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 // The micro-kernel and packers on AVX-512: C[MR, NR] += A's micro-panel ·
 // B's, MR · NV of the 32 vector registers holding C, NV the step of B's
 // panel, A's word broadcast from memory by the instruction itself.
@@ -128,6 +152,53 @@ struct avx512_bf16_pairs_of {
     }
     for (int r = 0; r < MR; ++r)
       for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + v * 16, acc[r][v]);
+  }
+
+  // out[t] = Σ_c x[c] · R(t, c) for rows ≤ dot_rows rows of depth k (row t at
+  // first + t·stride): each row's 32 values at a time against x's, the
+  // depth's end masked (a zero completes an odd last pair). Eight rows stream
+  // at once, the second eight after them (on Zen 4, sixteen streams read ~7%
+  // slower than eight); a partial eight reads its last row again.
+  static constexpr index_t dot_rows = 16, streams = 8;
+  [[gnu::target("avx512f,avx512bw,avx512bf16")]] static void row_dots(const Eigen::bfloat16* x,
+                                                                      const Eigen::bfloat16* first, index_t stride,
+                                                                      index_t rows, index_t k, float* out) noexcept {
+    const Eigen::bfloat16* row[dot_rows];
+    for (index_t t = 0; t < dot_rows; ++t) row[t] = first + std::min(t, rows - 1) * stride;
+    __m512 acc[dot_rows];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (index_t t0 = 0; t0 < rows; t0 += streams) {
+      index_t c = 0;
+      for (; c + 32 <= k; c += 32) {
+        const auto xv = (__m512bh)_mm512_loadu_si512(x + c);
+        for (index_t t = t0; t < t0 + streams; ++t)
+          acc[t] = _mm512_dpbf16_ps(acc[t], xv, (__m512bh)_mm512_loadu_si512(row[t] + c));
+      }
+      if (const __mmask32 in_depth = (__mmask32{1} << (k - c)) - 1; c < k) {
+        const auto xv = (__m512bh)_mm512_maskz_loadu_epi16(in_depth, x + c);
+        for (index_t t = t0; t < t0 + streams; ++t)
+          acc[t] = _mm512_dpbf16_ps(acc[t], xv, (__m512bh)_mm512_maskz_loadu_epi16(in_depth, row[t] + c));
+      }
+    }
+    _mm512_mask_storeu_ps(out, lanes(rows), lane_sums(acc));
+  }
+
+  // Lane t of the result is the sum of acc[t]'s lanes: four rounds of
+  // adding two shuffles of a pair of vectors, each halving what is left to add
+  // (256-bit halves, 128-bit quarters, pairs, single lanes), then one
+  // permutation back into row order.
+  [[gnu::target("avx512f")]] static __m512 lane_sums(const __m512 (&acc)[16]) noexcept {
+    __m512 v[8], w[4], x[2];
+    for (int t = 0; t < 8; ++t)  // quarters 0-1: row t's halves added; 2-3: row t + 8's
+      v[t] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[t], acc[t + 8], 0x44), _mm512_shuffle_f32x4(acc[t], acc[t + 8], 0xee));
+    for (int t = 0; t < 4; ++t)  // quarters: rows t, t + 8, t + 4, t + 12
+      w[t] = _mm512_add_ps(_mm512_shuffle_f32x4(v[t], v[t + 4], 0x88), _mm512_shuffle_f32x4(v[t], v[t + 4], 0xdd));
+    for (int t = 0; t < 2; ++t)  // in each quarter, lanes 0 and 2 hold w[t]'s row, 1 and 3 w[t + 2]'s
+      x[t] = _mm512_add_ps(_mm512_unpacklo_ps(w[t], w[t + 2]), _mm512_unpackhi_ps(w[t], w[t + 2]));
+    // Lane j of quarter q: the row of w[0], w[2], w[1], w[3] (j = 0..3) in that quarter.
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x44), _mm512_shuffle_ps(x[0], x[1], 0xee));
+    const __m512i row_order = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+    return _mm512_permutexvar_ps(row_order, sums);
   }
 
   // Packing (the layout: see bf16_pair_gemm), 16 lanes of words at a time.
@@ -204,6 +275,9 @@ struct avx512_bf16_pairs_of {
   }
 };
 using avx512_bf16_pairs = avx512_bf16_pairs_of<12, 2>;
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 }  // namespace difftx::simd_detail
