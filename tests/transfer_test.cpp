@@ -14,11 +14,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
-#include <cstring>
-#include <limits>
 #include <tuple>
 #include <type_traits>
 #include <vector>

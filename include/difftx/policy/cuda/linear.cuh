@@ -6,7 +6,6 @@
 // so each row-major product below is written as its transpose.
 #pragma once
 
-#include <array>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -53,32 +52,25 @@ std::shared_ptr<const matmul_plan> lt_plan(const policy::cuda& p, const matmul_k
                             tb = key.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     DIFFTX_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     DIFFTX_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    const auto [m, n, k] = std::array{key.m, key.n, key.k};
+    const int64_t m = key.m, n = key.n, k = key.k;
     DIFFTX_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan->a, type, key.transpose_a ? k : m, key.transpose_a ? m : k, key.lda));
     DIFFTX_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan->b, type, key.transpose_b ? n : k, key.transpose_b ? k : n, key.ldb));
     DIFFTX_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan->c, type, m, n, key.ldc));
     cublasLtMatmulPreference_t preference = nullptr;
     DIFFTX_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)> release(
+        preference, &cublasLtMatmulPreferenceDestroy);
+    for (const auto& [attribute, bytes] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}})
+      DIFFTX_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof bytes));
+    DIFFTX_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &p.context->workspace_bytes, sizeof(std::size_t)));
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    const cublasStatus_t status = [&] {
-      const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> alignments[] = {
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}};
-      for (const auto& [attribute, bytes] : alignments)
-        if (auto set = cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof bytes);
-            set != CUBLAS_STATUS_SUCCESS)
-          return set;
-      const cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(
-          preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &p.context->workspace_bytes, sizeof(std::size_t));
-      if (set != CUBLAS_STATUS_SUCCESS) return set;
-      return cublasLtMatmulAlgoGetHeuristic(p.context->blas, plan->op, plan->a, plan->b, plan->c, plan->c, preference,
-                                            1, &heuristic, &found);
-    }();
-    cublasLtMatmulPreferenceDestroy(preference);
-    DIFFTX_CUDA_CHECK(status);
+    DIFFTX_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(p.context->blas, plan->op, plan->a, plan->b, plan->c, plan->c,
+                                                     preference, 1, &heuristic, &found));
     if (found == 0)
       throw cuda_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
                        std::to_string(k) + " product");

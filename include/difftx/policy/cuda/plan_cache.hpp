@@ -1,5 +1,5 @@
 // Plans built once per shape and kept: cuBLASLt's matrix-product descriptors
-// with the algorithm its heuristic picked (matmul_plan.cuh). Building one is
+// with the algorithm its heuristic picked (matmul_plan, context.cuh). Building one is
 // a host-side query of tens of microseconds, as long as a small product runs
 // on the GPU, so rebuilding it on every call showed in decoding and at small
 // layers. Host code only, no CUDA header: tested without a GPU.
