@@ -112,6 +112,9 @@ struct cuda_context {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
   std::unique_ptr<device_memory_resource> memory;
+  // Products' plans built once per key and kept (linear.cuh), instead of
+  // rebuilt on every call. Off by default until it has run on a GPU (issue 27).
+  bool keep_matmul_plans = false;
   cuda_detail::plan_cache<cuda_detail::matmul_key, cuda_detail::matmul_plan> matmul_plans;
 
   explicit cuda_context(int device_index) : device(device_index) {

@@ -37,11 +37,12 @@ constexpr cudaDataType_t blas_type() {
 template <class T>
 constexpr bool blas_in_double = std::is_same_v<T, double>;
 
-// The plan of a product, built on the first call with its key and kept in
-// the context (plan_cache.hpp).
+// The plan of a product: built for its key, and kept in the context
+// (plan_cache.hpp) where the context keeps plans (off until that has run on a
+// GPU: context.cuh).
 template <class T>
 std::shared_ptr<const matmul_plan> lt_plan(const policy::cuda& p, const matmul_key& key) {
-  return p.context->matmul_plans.get(key, [&] {
+  auto build = [&] {
     const cudaDataType_t type = blas_type<T>();
     auto plan = std::make_shared<matmul_plan>();  // its destructor frees what was made before a throw
     if constexpr (blas_in_double<T>)
@@ -76,7 +77,8 @@ std::shared_ptr<const matmul_plan> lt_plan(const policy::cuda& p, const matmul_k
                        std::to_string(k) + " product");
     plan->algo = heuristic.algo;
     return std::shared_ptr<const matmul_plan>(std::move(plan));
-  });
+  };
+  return p.context->keep_matmul_plans ? p.context->matmul_plans.get(key, build) : build();
 }
 
 // C[m, n] = alpha op(A) op(B) + beta C, column-major, A/B/C of type T, alpha = 1.
