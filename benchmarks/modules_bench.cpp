@@ -7,16 +7,16 @@
 // benchmarks/peer_pytorch.py runs this binary and PyTorch side by side.
 #include <benchmark/benchmark.h>
 
-#include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <Eigen/Core>
-#include <xsimd/xsimd.hpp>
 
 #include <difftx/difftx.hpp>
 #include <difftx/policy/simd.hpp>
+#include <difftx/policy/simd/memory_read.hpp>
 
 #include "flops.hpp"
 
@@ -376,35 +376,18 @@ void register_bf16_products() {
 #endif
 }
 
-// The machine's read bandwidth: a 1 GiB buffer (far past every cache) read by
-// OMP_NUM_THREADS threads as a matrix-vector product reads its matrix: eight
-// rows of 8 KiB at once, summed in the widest vectors of this CPU. One
-// sequential stream per core reads less on these machines (Zen 4: ~27 GB/s
-// against ~32-40 GB/s), so it would understate the bound. Decoding reads every
-// weight once per token: bytes per token over this rate is its bound. The
-// buffer is a tensor's, on the pages a model's weights get (huge pages where
-// the kernel gives them).
+// The machine's read bandwidth: a 1 GiB tensor (far past every cache) read
+// by OMP_NUM_THREADS threads as simd_detail::read_through reads (one
+// sequential stream per thread), on the pages a model's weights get (huge
+// pages where the kernel gives them). `difftx bench --model` reads the
+// model's own weights the same way between decode steps.
 void read_bandwidth(benchmark::State& state) {
-  using batch = xsimd::batch<float>;
-  constexpr std::size_t row = 2048, rows = 8, count = std::size_t{1} << 28;  // 1 GiB of floats
+  constexpr std::size_t count = std::size_t{1} << 28;  // 1 GiB of floats
   Tensor<float, 1> values({static_cast<index_t>(count)});
 #pragma omp parallel for schedule(static)
   for (std::size_t i = 0; i < count; ++i) values.data()[i] = 1.0f;  // each thread faults in the pages it will read
-  float total = 0;
-  for (auto _ : state) {
-    float sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum)
-    for (std::size_t block = 0; block < count / (row * rows); ++block) {
-      const float* first = values.data() + block * row * rows;
-      std::array<batch, rows> partial;
-      partial.fill(batch(0.0f));
-      for (std::size_t j = 0; j < row; j += batch::size)
-        for (std::size_t k = 0; k < rows; ++k) partial[k] += batch::load_aligned(first + k * row + j);
-      for (const auto& p : partial) sum += xsimd::hadd(p);
-    }
-    total += sum;
-    benchmark::DoNotOptimize(total);
-  }
+  const std::span<const std::byte> region = std::as_bytes(std::span<const float>(values.data(), count));
+  for (auto _ : state) benchmark::DoNotOptimize(simd_detail::read_through(omp_get_max_threads(), {&region, 1}));
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * count * sizeof(float)));
 }
 

@@ -1272,22 +1272,37 @@ TEST_CASE("cli models: a malformed folder exits 3 with one line naming the file 
   check_message(r.err, {"config.json: model_type", "diffllama", "'llama'"});
 }
 
-TEST_CASE("cli models: bench --model times the real model's prefill and decode") {
-  const auto r = difftx_cli("bench --model " + q(hf_data / "gqa") +
-                            " --seq 6 --new-tokens 3 --repeats 1 --policy reference,simd --json");
-  INFO("stderr: " << r.err);
-  REQUIRE(r.code == 0);
-  std::stringstream lines(r.out);
-  int rows = 0;
-  for (std::string line; std::getline(lines, line); ++rows) {
-    const auto j = nlohmann::json::parse(line);
-    CHECK(j.at("prompt_tokens") == 6);
-    CHECK(j.at("new_tokens") == 3);
-    CHECK(j.at("layers") == 2);
-    for (const char* field : {"prefill_ms", "prefill_tokens_per_s", "decode_ms_per_token", "decode_tokens_per_s"})
-      CHECK(j.at(field).get<double>() > 0);
+// The bytes of float32 weights one decode step reads, from bench's row: every
+// parameter but the embedding table, which is the head where it is tied (the
+// same count either way). h differential heads of 2D, g groups.
+double decode_weight_bytes(const nlohmann::json& j) {
+  const double C = j.at("d_model"), h = j.at("heads"), g = j.at("kv_heads"), D = j.at("head_dim"), F = j.at("ffn_dim"),
+               V = j.at("vocab_size"), layers = j.at("layers");
+  const double layer = 2 * C + C * 2 * h * D * 2 + C * 2 * g * D * 2 + 4 * D + 2 * D + 3 * C * F;
+  return 4 * (layers * layer + C + V * C);
+}
+
+TEST_CASE("cli models: bench --model times the real model's prefill and decode against its weights' read time") {
+  for (const char* folder : {"gqa", "tied"}) {
+    INFO(folder);
+    const auto r = difftx_cli("bench --model " + q(hf_data / folder) +
+                              " --seq 6 --new-tokens 3 --repeats 1 --policy reference,simd --json");
+    INFO("stderr: " << r.err);
+    REQUIRE(r.code == 0);
+    std::stringstream lines(r.out);
+    int rows = 0;
+    for (std::string line; std::getline(lines, line); ++rows) {
+      const auto j = nlohmann::json::parse(line);
+      CHECK(j.at("prompt_tokens") == 6);
+      CHECK(j.at("new_tokens") == 3);
+      CHECK(j.at("layers") == 2);
+      for (const char* field : {"prefill_ms", "prefill_tokens_per_s", "decode_ms_per_token", "decode_tokens_per_s",
+                                "weights_read_ms", "read_GBps", "decode_share_of_bound"})
+        CHECK(j.at(field).get<double>() > 0);
+      CHECK(j.at("weights_read_per_token_bytes").get<double>() == decode_weight_bytes(j));
+    }
+    CHECK(rows == 2);
   }
-  CHECK(rows == 2);
   expect_usage_error("bench --model " + q(hf_data / "gqa") + " --backward", {"--backward", "--model"});
 }
 
@@ -1318,6 +1333,7 @@ TEST_CASE("cli models: generate and bench --model take int8 weights and an int8 
   CHECK(j.at("weights_dtype") == "int8");
   CHECK(j.at("kv_dtype") == "int8");
   CHECK(j.at("decode_tokens_per_s").get<double>() > 0);
+  CHECK(j.at("decode_share_of_bound").is_null());  // int8 weights: not the parameters' bytes
   expect_usage_error(generate + " --kv-dtype int4", {"--kv-dtype", "int4"});
 }
 

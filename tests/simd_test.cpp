@@ -74,7 +74,8 @@ TEST_CASE("simd: RMSNorm and SwiGLU") {
 // float16/bfloat16 products go through reduced_gemm's blocks (gemm.hpp): sizes
 // that cross every block edge (66 rows, 128 columns, depth 256 and 512, 16-wide
 // panels, 4-wide dot blocks, vector tails), both write modes of dx, against
-// the reference in long double on the same values.
+// the reference in long double on the same values; float and double through
+// Eigen's blocks and decoding's streamed rows.
 template <class T>
 void check_reduced_linear(index_t M, index_t N, index_t K) {
   using L = long double;
@@ -110,6 +111,16 @@ TEST_CASE("simd: float16 and bfloat16 linear across the product's blocks") {
                          {1, 300, 78}, {4, 33, 64}, {2, 17, 2}, {1, 40, 98}, {3, 16, 96}, {1, 5, 34}}) {
     check_reduced_linear<Eigen::bfloat16>(M, N, K);
     check_reduced_linear<Eigen::half>(M, N, K);
+  }
+}
+
+TEST_CASE("simd: float and double linear, decoding's streamed rows among them") {
+  // M <= 4 streams w's rows (streamed_dot): depths with and without the eight-vector
+  // steps, single-vector steps and a scalar end; rows in whole and ragged slices.
+  for (auto [M, N, K] : {std::array<index_t, 3>{1, 300, 77}, {4, 33, 2048}, {2, 17, 130}, {3, 16, 1}, {1, 1000, 515},
+                         {5, 40, 64}, {67, 17, 1030}}) {
+    check_reduced_linear<float>(M, N, K);
+    check_reduced_linear<double>(M, N, K);
   }
 }
 

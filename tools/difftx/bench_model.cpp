@@ -2,6 +2,12 @@
 // each policy given: a prompt of --seq random token ids in one prefill, then
 // --new-tokens greedy decode steps with the KV cache, as `difftx generate`
 // runs them. Medians over --repeats runs after a warm-up run.
+//
+// The bound beside it: after each decode step the same threads read every
+// weight that step read (simd_detail::read_through), so each step's time
+// is paired with the machine's read time for its bytes in the same moment;
+// the median of those ratios is decoding's share of the bandwidth bound,
+// steady where the shared machine's bandwidth drifts between runs.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <difftx/core/random.hpp>
+#include <difftx/policy/simd/memory_read.hpp>
 
 #include "commands.hpp"
 #include "language_model_runner.hpp"
@@ -24,7 +31,19 @@ struct model_timing {
   std::string policy, description;
   int threads = 1;
   double prefill_ms = 0, decode_ms_per_token = 0;
+  // The bound (none with int8 weights): bytes read per step, the median read
+  // time of them, and the median of read time over step time.
+  double weight_bytes = 0, read_ms = 0, bound_share = 0;
 };
+
+double milliseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A figure of the bound, null where none was measured.
+nlohmann::json bound_value(const model_timing& row, double value) {
+  return row.read_ms > 0 ? nlohmann::json(value) : nlohmann::json();
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -56,20 +75,35 @@ void bench_model(const model_bench_options& o) {
     const auto model = make_language_model_runner(spec, policy, type);
     source.load_into(*model);
     model_timing row{policy, policy_description(policy, model->bf16_product()), model->threads()};
-    std::vector<double> prefill, decode;
+    const auto weights = model->weights_read_per_token();
+    for (const auto& w : weights) row.weight_bytes += static_cast<double>(w.size());
+    std::vector<double> prefill, decode, reads, shares;
     for (int r = 0; r <= o.repeats; ++r) {  // run 0: the warm-up
       auto start = std::chrono::steady_clock::now();
       token_t next = model->prefill(prompt, o.prompt_tokens + o.new_tokens);
-      const double prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      start = std::chrono::steady_clock::now();
-      for (index_t step = 0; step < o.new_tokens; ++step) next = model->decode(next);
-      const double decode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      const double prefill_ms = milliseconds_since(start);
+      double decode_ms = 0;
+      for (index_t step = 0; step < o.new_tokens; ++step) {
+        start = std::chrono::steady_clock::now();
+        next = model->decode(next);
+        const double step_ms = milliseconds_since(start);
+        decode_ms += step_ms;
+        if (weights.empty() || r == 0) continue;
+        start = std::chrono::steady_clock::now();
+        static_cast<void>(simd_detail::read_through(model->threads(), weights));
+        reads.push_back(milliseconds_since(start));
+        shares.push_back(reads.back() / step_ms);
+      }
       if (r == 0) continue;
       prefill.push_back(prefill_ms);
       decode.push_back(decode_ms / static_cast<double>(o.new_tokens));
     }
     row.prefill_ms = median(prefill);
     row.decode_ms_per_token = median(decode);
+    if (!reads.empty()) {
+      row.read_ms = median(reads);
+      row.bound_share = median(shares);
+    }
     rows.push_back(row);
   }
 
@@ -87,7 +121,11 @@ void bench_model(const model_bench_options& o) {
                                          {"prefill_ms", row.prefill_ms},
                                          {"prefill_tokens_per_s", double(o.prompt_tokens) / row.prefill_ms * 1e3},
                                          {"decode_ms_per_token", row.decode_ms_per_token},
-                                         {"decode_tokens_per_s", 1e3 / row.decode_ms_per_token}}
+                                         {"decode_tokens_per_s", 1e3 / row.decode_ms_per_token},
+                                         {"weights_read_per_token_bytes", row.weight_bytes},
+                                         {"weights_read_ms", bound_value(row, row.read_ms)},
+                                         {"read_GBps", bound_value(row, row.weight_bytes / row.read_ms / 1e6)},
+                                         {"decode_share_of_bound", bound_value(row, row.bound_share)}}
                                   .dump()
                                   .c_str());
     return;
@@ -97,11 +135,19 @@ void bench_model(const model_bench_options& o) {
               o.model.c_str(), source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads,
               a.kv_heads, a.head_dim, spec.first().ffn_dim, o.dtype.c_str(), o.weights_dtype.c_str(), o.kv_dtype.c_str(),
               o.prompt_tokens, o.new_tokens, o.repeats);
-  std::printf("%-34s %7s %12s %16s %15s %16s\n", "policy", "threads", "prefill ms", "prefill tokens/s", "decode ms/token",
-              "decode tokens/s");
-  for (const auto& row : rows)
-    std::printf("%-34s %7d %12.3f %16.1f %15.3f %16.2f\n", row.description.c_str(), row.threads, row.prefill_ms,
+  std::printf("%-34s %7s %12s %16s %15s %16s %10s %9s\n", "policy", "threads", "prefill ms", "prefill tokens/s",
+              "decode ms/token", "decode tokens/s", "read GB/s", "of bound");
+  for (const auto& row : rows) {
+    std::printf("%-34s %7d %12.3f %16.1f %15.3f %16.2f", row.description.c_str(), row.threads, row.prefill_ms,
                 double(o.prompt_tokens) / row.prefill_ms * 1e3, row.decode_ms_per_token, 1e3 / row.decode_ms_per_token);
+    if (row.read_ms > 0)
+      std::printf(" %10.1f %8.1f%%\n", row.weight_bytes / row.read_ms / 1e6, 100 * row.bound_share);
+    else
+      std::printf(" %10s %9s\n", "-", "-");
+  }
+  std::printf("read GB/s: the weights a decode step reads (%.0f MB), read again by its threads after each step; of "
+              "bound: the median of that read's time over the step's\n",
+              rows.empty() ? 0.0 : rows.front().weight_bytes / 1e6);
 }
 
 }  // namespace difftx::cli

@@ -60,6 +60,16 @@ class model_runner final : public language_model_runner {
     return last_argmax();
   }
 
+  std::vector<std::span<const std::byte>> weights_read_per_token() override {
+    if (weights_ == inference_dtype::int8) return {};
+    const auto all = model_.parameters();
+    const bool tied = std::none_of(all.begin(), all.end(), [](const auto& p) { return p.name == "lm_head.weight"; });
+    std::vector<std::span<const std::byte>> read;
+    for (const auto& p : all)
+      if (tied || p.name != "embed_tokens.weight")
+        read.push_back(std::as_bytes(std::span<const T>(p.value, static_cast<std::size_t>(p.size()))));
+    return read;
+  }
   int threads() const override { return policy_threads(model_.policy()); }
   std::string bf16_product() const override { return bf16_product_of<T>(model_.policy()); }
 

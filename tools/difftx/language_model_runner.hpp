@@ -55,6 +55,10 @@ class language_model_runner {
   virtual token_t prefill(std::span<const token_t> prompt, index_t capacity) = 0;
   // token joins the cache; returns the most likely token after it.
   virtual token_t decode(token_t token) = 0;
+  // The memory one decode step reads weights from: every parameter but the
+  // embedding table (one row of it is read), which is read whole where it is
+  // also the output head. Empty with int8 weights (read from their own copy).
+  virtual std::vector<std::span<const std::byte>> weights_read_per_token() = 0;
   virtual int threads() const = 0;
   // The path of bfloat16 matrix products ("vdpbf16ps", "converting"), "" where none applies.
   virtual std::string bf16_product() const = 0;

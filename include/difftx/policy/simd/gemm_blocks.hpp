@@ -66,15 +66,20 @@ void for_each_c_block(const policy::simd& p, index_t M, index_t N, index_t col_a
 // reuse a packed copy of w for, so w streams once, straight from memory.
 // row_dots(i, j, rows) writes out[i·N + j + t] for t < rows ≤ slice, the dot
 // products of x's row i with w's rows j + t; w's slice of rows stays in
-// cache for every row of x. About four chunks of w's rows per thread.
+// cache for every row of x. Guided scheduling: each thread first takes a
+// long run of rows (half, then a quarter of what is left ...), which
+// streams at the memory's rate, and the last runs are short, so neither
+// thread waits long for the other (fixed runs of 64 rows read 5-7% slower).
 constexpr index_t gemv_max_rows = 4;
 template <class RowDots>
 void for_each_gemv_slice(const policy::simd& p, index_t M, index_t N, index_t slice, RowDots&& row_dots) {
-  const index_t parts = 4 * thread_count(p), chunk = std::max<index_t>(4 * slice, (N + parts - 1) / parts);
-  parallel_chunks(p, N, chunk, [&](index_t j0, index_t j1) {
-    for (index_t j = j0; j < j1; j += slice)
-      for (index_t i = 0; i < M; ++i) row_dots(i, j, std::min(slice, j1 - j));
-  });
+  const index_t slices = (N + slice - 1) / slice;
+  const int threads = static_cast<int>(std::min<index_t>(thread_count(p), slices));
+#pragma omp parallel for num_threads(threads) schedule(guided, 1) if (threads > 1)
+  for (index_t s = 0; s < slices; ++s) {
+    const index_t j = s * slice;
+    for (index_t i = 0; i < M; ++i) row_dots(i, j, std::min(slice, N - j));
+  }
 }
 
 }  // namespace difftx::simd_detail

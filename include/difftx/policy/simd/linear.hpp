@@ -1,7 +1,8 @@
 // simd linear forward/backward (shapes in difftx/ops/linear.hpp): Eigen GEMMs,
 // the output split into blocks over OpenMP threads (Eigen runs each block on
-// one thread inside a parallel region). float16/bfloat16 products go to
-// reduced_gemm (gemm.hpp), which converts while it packs.
+// one thread inside a parallel region); decoding's few rows of x stream w
+// instead (streamed_dot). float16/bfloat16 products go to reduced_gemm
+// (gemm.hpp), which converts while it packs.
 #pragma once
 
 #include <vector>
@@ -53,6 +54,28 @@ void parallel_blocks(index_t rows, index_t cols, int threads, Block&& block) {
   }
 }
 
+// Σ_c x[c] · row[c]: the row read as one sequential stream into eight
+// partial sums. Decoding's float and double products read w this way, a row
+// after the other (for_each_gemv_slice shares the rows out): Eigen's
+// matrix-vector product reads several rows side by side, which on Zen 4
+// streams slower (the bfloat16 row_dots' comment, gemm_bf16_pairs.hpp).
+template <class A>
+A streamed_dot(const A* x, const A* row, index_t k) noexcept {
+  using V = vec<A>;
+  constexpr index_t W = V::size, unroll = 8;
+  V part[unroll];
+  for (auto& q : part) q = V(A(0));
+  index_t c = 0;
+  for (; c + unroll * W <= k; c += unroll * W)
+    for (index_t u = 0; u < unroll; ++u)
+      part[u] = xsimd::fma(V::load_unaligned(x + c + u * W), V::load_unaligned(row + c + u * W), part[u]);
+  for (; c + W <= k; c += W) part[0] = xsimd::fma(V::load_unaligned(x + c), V::load_unaligned(row + c), part[0]);
+  for (index_t u = 1; u < unroll; ++u) part[0] += part[u];
+  A sum = xsimd::hadd(part[0]);
+  for (; c < k; ++c) sum += x[c] * row[c];
+  return sum;
+}
+
 }  // namespace simd_detail
 
 // y[M, N] = x[M, K] · w[N, K]^T
@@ -66,6 +89,10 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, TensorV
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
   if constexpr (!std::is_same_v<T, A>) {
     reduced_gemm<a_storage::rows, b_storage::columns>(p, M, N, K, x.data(), K, w.data(), K, y.data(), N, false);
+  } else if (M <= gemv_max_rows) {  // decoding
+    for_each_gemv_slice(p, M, N, vec<A>::size, [&](index_t i, index_t j, index_t rows) {
+      for (index_t t = 0; t < rows; ++t) y.data()[i * N + j + t] = streamed_dot(x.data() + i * K, w.data() + (j + t) * K, K);
+    });
   } else {
     matrix_map<A> Y(y.data(), M, N);
     const const_matrix_map<A> X(x.data(), M, K), W(w.data(), N, K);
