@@ -66,10 +66,9 @@ void copy_parameters_to_device(Reference& reference, Gpu& gpu) {
   copy_parameters(reference, gpu);
 }
 
-// The module in T on the GPU against the same module in double on the host.
+// The module in T on the GPU (on policy p) against the same module in double on the host.
 template <class T, class Make>
-void check_module(const std::string& label, Make make, const shape_t<3>& shape) {
-  policy::cuda p;
+void check_module(const std::string& label, Make make, const shape_t<3>& shape, policy::cuda p = {}) {
   auto reference = make.template operator()<double, policy::reference>(policy::reference{});
   auto gpu = make.template operator()<T, policy::cuda>(p);
   test_support::randomise_parameters(reference, 11);
@@ -462,6 +461,53 @@ TEST_CASE("cuda: MultiHead, tensor-core attention (D = 64, 128) and CUDA-core at
       "MultiHead D=128",
       []<class U, class P>(P p) { return MultiHead<U, 128, P>({.d_model = 256, .heads = 2, .kv_heads = 1}, p); },
       {1, 150, 256});
+}
+
+// cuDNN's attention (attention_cudnn.cuh) in the same modules, against the
+// same reference and bars: each map one cuDNN problem (d against dv = 2d),
+// grouped heads, causal and not, N off every tile. The context's counts say
+// that cuDNN ran every call (a refusal falls back to difftx's kernels, which
+// would pass the bars without testing cuDNN).
+TEST_CASE("cuda: MultiHead and baseline Attention on cuDNN's attention") {
+  if (!built_with_cudnn) {
+    MESSAGE("this build has no cuDNN attention (CMake found no cuDNN or no cudnn_frontend.h): not run");
+    return;
+  }
+  policy::cuda p;
+  p.attention = policy::cuda_attention::cudnn;
+  auto& calls = p.context->attention_calls;
+  auto count = [&](attention_path path) { return calls[static_cast<std::size_t>(path)].load(); };
+  const long long own_before = count(attention_path::tensor_cores) + count(attention_path::cuda_cores),
+                  cudnn_before = count(attention_path::cudnn);
+  int modules = 0;
+  auto both_types = [&](const std::string& label, auto make, const shape_t<3>& shape) {
+    check_module<Eigen::half>(label, make, shape, p);
+    check_module<Eigen::bfloat16>(label, make, shape, p);
+    modules += 2;
+  };
+  for (const auto& c : cases) {
+    both_types(
+        "MultiHead D=64 cuDNN " + describe(c),
+        [c]<class U, class P>(P q) {
+          return MultiHead<U, 64, P>({.d_model = 128, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = 2,
+                                      .rope_theta = 10000.0, .causal = c.causal},
+                                     q);
+        },
+        {c.batch, c.seq, 128});
+  }
+  both_types(
+      "MultiHead D=128 cuDNN",
+      []<class U, class P>(P q) { return MultiHead<U, 128, P>({.d_model = 256, .heads = 2, .kv_heads = 1}, q); },
+      {1, 150, 256});
+  both_types(
+      "Attention D=64 cuDNN",
+      []<class U, class P>(P q) { return Attention<U, 64, P>({.d_model = 128, .heads = 4, .kv_heads = 2}, q); },
+      {2, 77, 128});
+  MESSAGE("attention calls on cuDNN: " << count(attention_path::cudnn) - cudnn_before << ", on difftx's kernels: "
+                                       << count(attention_path::tensor_cores) + count(attention_path::cuda_cores) -
+                                              own_before);
+  CHECK(count(attention_path::cudnn) - cudnn_before == 2 * modules);  // a forward and a backward each
+  CHECK(count(attention_path::tensor_cores) + count(attention_path::cuda_cores) == own_before);
 }
 
 TEST_CASE("cuda: baseline Attention and DecoderLayer") {
