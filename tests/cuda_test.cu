@@ -123,6 +123,22 @@ struct attention_case {
 };
 const attention_case cases[] = {{1, 1, 2, 2, true}, {2, 63, 4, 2, true}, {1, 130, 2, 1, false}, {2, 97, 4, 4, true}};
 
+// A maker of MultiHead at D = 64 (C 128, layer 2) with the case's heads and mask.
+auto multihead_d64(const attention_case& c) {
+  return [c]<class U, class P>(P p) {
+    return MultiHead<U, 64, P>(
+        {.d_model = 128, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = 2, .rope_theta = 10000.0, .causal = c.causal},
+        p);
+  };
+}
+
+const auto multihead_d128 = []<class U, class P>(P p) {
+  return MultiHead<U, 128, P>({.d_model = 256, .heads = 2, .kv_heads = 1}, p);
+};
+const auto attention_d64 = []<class U, class P>(P p) {
+  return Attention<U, 64, P>({.d_model = 128, .heads = 4, .kv_heads = 2}, p);
+};
+
 std::string describe(const attention_case& c) {
   return "B=" + std::to_string(c.batch) + " N=" + std::to_string(c.seq) + " h=" + std::to_string(c.heads) +
          " g=" + std::to_string(c.kv_heads) + (c.causal ? " causal" : " non-causal");
@@ -442,14 +458,7 @@ TEST_CASE("cuda: RMSNorm and SwiGLU") {
 
 TEST_CASE("cuda: MultiHead, tensor-core attention (D = 64, 128) and CUDA-core attention (D = 8)") {
   for (const auto& c : cases) {
-    check_all_types(
-        "MultiHead D=64 " + describe(c),
-        [c]<class U, class P>(P p) {
-          return MultiHead<U, 64, P>({.d_model = 128, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = 2,
-                                      .rope_theta = 10000.0, .causal = c.causal},
-                                     p);
-        },
-        {c.batch, c.seq, 128});
+    check_all_types("MultiHead D=64 " + describe(c), multihead_d64(c), {c.batch, c.seq, 128});
     check_all_types(
         "MultiHead D=8 " + describe(c),
         [c]<class U, class P>(P p) {
@@ -457,10 +466,7 @@ TEST_CASE("cuda: MultiHead, tensor-core attention (D = 64, 128) and CUDA-core at
         },
         {c.batch, c.seq, 48});
   }
-  check_all_types(
-      "MultiHead D=128",
-      []<class U, class P>(P p) { return MultiHead<U, 128, P>({.d_model = 256, .heads = 2, .kv_heads = 1}, p); },
-      {1, 150, 256});
+  check_all_types("MultiHead D=128", multihead_d128, {1, 150, 256});
 }
 
 // cuDNN's attention (attention_cudnn.cuh) in the same modules, against the
@@ -485,24 +491,9 @@ TEST_CASE("cuda: MultiHead and baseline Attention on cuDNN's attention") {
     check_module<Eigen::bfloat16>(label, make, shape, p);
     modules += 2;
   };
-  for (const auto& c : cases) {
-    both_types(
-        "MultiHead D=64 cuDNN " + describe(c),
-        [c]<class U, class P>(P q) {
-          return MultiHead<U, 64, P>({.d_model = 128, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = 2,
-                                      .rope_theta = 10000.0, .causal = c.causal},
-                                     q);
-        },
-        {c.batch, c.seq, 128});
-  }
-  both_types(
-      "MultiHead D=128 cuDNN",
-      []<class U, class P>(P q) { return MultiHead<U, 128, P>({.d_model = 256, .heads = 2, .kv_heads = 1}, q); },
-      {1, 150, 256});
-  both_types(
-      "Attention D=64 cuDNN",
-      []<class U, class P>(P q) { return Attention<U, 64, P>({.d_model = 128, .heads = 4, .kv_heads = 2}, q); },
-      {2, 77, 128});
+  for (const auto& c : cases) both_types("MultiHead D=64 cuDNN " + describe(c), multihead_d64(c), {c.batch, c.seq, 128});
+  both_types("MultiHead D=128 cuDNN", multihead_d128, {1, 150, 256});
+  both_types("Attention D=64 cuDNN", attention_d64, {2, 77, 128});
   MESSAGE("attention calls on cuDNN: " << count(attention_path::cudnn) - cudnn_before << ", on difftx's kernels: "
                                        << count(attention_path::tensor_cores) + count(attention_path::cuda_cores) -
                                               own_before);
@@ -511,10 +502,7 @@ TEST_CASE("cuda: MultiHead and baseline Attention on cuDNN's attention") {
 }
 
 TEST_CASE("cuda: baseline Attention and DecoderLayer") {
-  check_all_types(
-      "Attention D=64",
-      []<class U, class P>(P p) { return Attention<U, 64, P>({.d_model = 128, .heads = 4, .kv_heads = 2}, p); },
-      {2, 77, 128});
+  check_all_types("Attention D=64", attention_d64, {2, 77, 128});
   check_all_types(
       "DecoderLayer D=64",
       []<class U, class P>(P p) {

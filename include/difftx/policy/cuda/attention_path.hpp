@@ -8,7 +8,7 @@
 #include <initializer_list>
 #include <string_view>
 
-#include "difftx/core/error.hpp"
+#include "difftx/core/checks.hpp"
 
 namespace difftx {
 
