@@ -66,10 +66,9 @@ void copy_parameters_to_device(Reference& reference, Gpu& gpu) {
   copy_parameters(reference, gpu);
 }
 
-// The module in T on the GPU against the same module in double on the host.
+// The module in T on the GPU (on policy p) against the same module in double on the host.
 template <class T, class Make>
-void check_module(const std::string& label, Make make, const shape_t<3>& shape) {
-  policy::cuda p;
+void check_module(const std::string& label, Make make, const shape_t<3>& shape, policy::cuda p = {}) {
   auto reference = make.template operator()<double, policy::reference>(policy::reference{});
   auto gpu = make.template operator()<T, policy::cuda>(p);
   test_support::randomise_parameters(reference, 11);
@@ -123,6 +122,22 @@ struct attention_case {
   bool causal;
 };
 const attention_case cases[] = {{1, 1, 2, 2, true}, {2, 63, 4, 2, true}, {1, 130, 2, 1, false}, {2, 97, 4, 4, true}};
+
+// A maker of MultiHead at D = 64 (C 128, layer 2) with the case's heads and mask.
+auto multihead_d64(const attention_case& c) {
+  return [c]<class U, class P>(P p) {
+    return MultiHead<U, 64, P>(
+        {.d_model = 128, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = 2, .rope_theta = 10000.0, .causal = c.causal},
+        p);
+  };
+}
+
+const auto multihead_d128 = []<class U, class P>(P p) {
+  return MultiHead<U, 128, P>({.d_model = 256, .heads = 2, .kv_heads = 1}, p);
+};
+const auto attention_d64 = []<class U, class P>(P p) {
+  return Attention<U, 64, P>({.d_model = 128, .heads = 4, .kv_heads = 2}, p);
+};
 
 std::string describe(const attention_case& c) {
   return "B=" + std::to_string(c.batch) + " N=" + std::to_string(c.seq) + " h=" + std::to_string(c.heads) +
@@ -443,14 +458,7 @@ TEST_CASE("cuda: RMSNorm and SwiGLU") {
 
 TEST_CASE("cuda: MultiHead, tensor-core attention (D = 64, 128) and CUDA-core attention (D = 8)") {
   for (const auto& c : cases) {
-    check_all_types(
-        "MultiHead D=64 " + describe(c),
-        [c]<class U, class P>(P p) {
-          return MultiHead<U, 64, P>({.d_model = 128, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = 2,
-                                      .rope_theta = 10000.0, .causal = c.causal},
-                                     p);
-        },
-        {c.batch, c.seq, 128});
+    check_all_types("MultiHead D=64 " + describe(c), multihead_d64(c), {c.batch, c.seq, 128});
     check_all_types(
         "MultiHead D=8 " + describe(c),
         [c]<class U, class P>(P p) {
@@ -458,17 +466,43 @@ TEST_CASE("cuda: MultiHead, tensor-core attention (D = 64, 128) and CUDA-core at
         },
         {c.batch, c.seq, 48});
   }
-  check_all_types(
-      "MultiHead D=128",
-      []<class U, class P>(P p) { return MultiHead<U, 128, P>({.d_model = 256, .heads = 2, .kv_heads = 1}, p); },
-      {1, 150, 256});
+  check_all_types("MultiHead D=128", multihead_d128, {1, 150, 256});
+}
+
+// cuDNN's attention (attention_cudnn.cuh) in the same modules, against the
+// same reference and bars: each map one cuDNN problem (d against dv = 2d),
+// grouped heads, causal and not, N off every tile. The context's counts say
+// that cuDNN ran every call (a refusal falls back to difftx's kernels, which
+// would pass the bars without testing cuDNN).
+TEST_CASE("cuda: MultiHead and baseline Attention on cuDNN's attention") {
+  if (!built_with_cudnn) {
+    MESSAGE("this build has no cuDNN attention (CMake found no cuDNN or no cudnn_frontend.h): not run");
+    return;
+  }
+  policy::cuda p;
+  p.attention = policy::cuda_attention::cudnn;
+  auto& calls = p.context->attention_calls;
+  auto count = [&](attention_path path) { return calls[static_cast<std::size_t>(path)].load(); };
+  const long long own_before = count(attention_path::tensor_cores) + count(attention_path::cuda_cores),
+                  cudnn_before = count(attention_path::cudnn);
+  int modules = 0;
+  auto both_types = [&](const std::string& label, auto make, const shape_t<3>& shape) {
+    check_module<Eigen::half>(label, make, shape, p);
+    check_module<Eigen::bfloat16>(label, make, shape, p);
+    modules += 2;
+  };
+  for (const auto& c : cases) both_types("MultiHead D=64 cuDNN " + describe(c), multihead_d64(c), {c.batch, c.seq, 128});
+  both_types("MultiHead D=128 cuDNN", multihead_d128, {1, 150, 256});
+  both_types("Attention D=64 cuDNN", attention_d64, {2, 77, 128});
+  MESSAGE("attention calls on cuDNN: " << count(attention_path::cudnn) - cudnn_before << ", on difftx's kernels: "
+                                       << count(attention_path::tensor_cores) + count(attention_path::cuda_cores) -
+                                              own_before);
+  CHECK(count(attention_path::cudnn) - cudnn_before == 2 * modules);  // a forward and a backward each
+  CHECK(count(attention_path::tensor_cores) + count(attention_path::cuda_cores) == own_before);
 }
 
 TEST_CASE("cuda: baseline Attention and DecoderLayer") {
-  check_all_types(
-      "Attention D=64",
-      []<class U, class P>(P p) { return Attention<U, 64, P>({.d_model = 128, .heads = 4, .kv_heads = 2}, p); },
-      {2, 77, 128});
+  check_all_types("Attention D=64", attention_d64, {2, 77, 128});
   check_all_types(
       "DecoderLayer D=64",
       []<class U, class P>(P p) {

@@ -7,8 +7,9 @@
 //  - policy fake_device runs MultiHead's ops as a device policy must look from
 //    outside: the reference kernels on host copies of the device tensors, the
 //    outputs uploaded back.
-// Also policy::cuda's plan cache (policy/cuda/plan_cache.hpp), host code
-// that needs no GPU either.
+// Also policy::cuda's plan cache (policy/cuda/plan_cache.hpp) and its choice
+// of attention kernels (policy/cuda/attention_path.hpp), host code that needs
+// no GPU either.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 
 #include <difftx/difftx.hpp>
 #include <difftx/modules/copy_parameters.hpp>
+#include <difftx/policy/cuda/attention_path.hpp>
 #include <difftx/policy/cuda/plan_cache.hpp>
 
 #include "support/helpers.hpp"
@@ -438,4 +440,30 @@ TEST_CASE("policy::cuda's plan cache builds each plan once and stays bounded") {
   CHECK(cache.size() == 1);
   CHECK(*third == "plan 2");  // still valid in its holder's hands
   CHECK(cache.get(2, builder(2)) != third);  // rebuilt on the next ask
+}
+
+// cuDNN's attention only when asked for, in float16/bfloat16, on sm_80 or
+// newer, widths in whole 16-byte rows and every tensor 16-byte aligned; asked
+// for in a build without it, an input_error before anything runs.
+TEST_CASE("policy::cuda's attention goes to cuDNN only where it applies") {
+  using policy::cuda_attention;
+  alignas(16) static const char buffer[64] = {};
+  const void *aligned = buffer, *offset = buffer + 8;
+  CHECK(cuda_detail::cudnn_applies(cuda_attention::cudnn, true, 9, 128, 256, {aligned, aligned}));
+  CHECK(cuda_detail::cudnn_applies(cuda_attention::cudnn, true, 8, 64, 128, {aligned}));
+  CHECK_FALSE(cuda_detail::cudnn_applies(cuda_attention::difftx, true, 9, 128, 256, {aligned}));  // not asked for
+  CHECK_FALSE(cuda_detail::cudnn_applies(cuda_attention::cudnn, false, 9, 128, 256, {aligned}));  // float32/float64
+  CHECK_FALSE(cuda_detail::cudnn_applies(cuda_attention::cudnn, true, 7, 128, 256, {aligned}));   // before Ampere
+  CHECK_FALSE(cuda_detail::cudnn_applies(cuda_attention::cudnn, true, 9, 12, 24, {aligned}));     // 24-byte rows
+  CHECK_FALSE(cuda_detail::cudnn_applies(cuda_attention::cudnn, true, 9, 64, 128, {aligned, offset}));
+  CHECK(cuda_detail::own_attention_path(true, 128) == attention_path::tensor_cores);
+  CHECK(cuda_detail::own_attention_path(true, 32) == attention_path::cuda_cores);
+  CHECK(cuda_detail::own_attention_path(false, 64) == attention_path::cuda_cores);
+  CHECK(path_name(attention_path::cudnn) == "cudnn");
+
+  CHECK_NOTHROW(cuda_detail::require_attention_available("attention_forward", cuda_attention::difftx, false));
+  CHECK_NOTHROW(cuda_detail::require_attention_available("attention_forward", cuda_attention::cudnn, true));
+  expect_input_error(
+      [] { cuda_detail::require_attention_available("attention_forward", cuda_attention::cudnn, false); },
+      "attention_forward", "policy.attention", "built without cuDNN", "cuda_attention::cudnn");
 }

@@ -36,6 +36,7 @@ struct bench_options {
   index_t context = 0;
   int repeats = 10, threads = 0;
   std::string bf16_product = "automatic";  // module_spec::bf16_product
+  std::string cuda_attention = "difftx";   // module_spec::cuda_attention
   std::string model;  // --model: a language model's prefill and decode instead
   index_t new_tokens = 32;
   int logit_bits = 16;                                  // low-bit inference (low_bit_options.cpp)
@@ -96,7 +97,7 @@ double median_ms(const runner& module, int repeats, const std::function<void()>&
 module_spec bench_spec(const bench_options& o) {
   module_spec s{.kind = o.module, .d_model = o.d_model, .heads = o.heads, .kv_heads = o.kv_heads,
                 .head_dim = o.head_dim, .ffn_dim = o.ffn_dim, .causal = !o.no_causal, .differential = !o.baseline,
-                .threads = o.threads, .bf16_product = o.bf16_product,
+                .threads = o.threads, .bf16_product = o.bf16_product, .cuda_attention = o.cuda_attention,
                 .logit_bits = o.logit_bits, .qk_dtype = storage_of(o.qk_dtype)};
   if (o.baseline && !is_v2(s.kind))
     throw CLI::ValidationError("--baseline", "applies to multihead_v2 and decoder_layer_v2 only (the V1 baseline is "
@@ -148,14 +149,15 @@ bench_row time_policy(const bench_options& o, const module_spec& spec, const std
   if (o.decode) {
     module->prepare_decode(storage_of(o.weights_dtype), storage_of(o.kv_dtype));
     row.decode_ms = median_ms(*module, o.repeats, [&] { module->decode_step(); });
-    return row;
+  } else {
+    row.forward_ms = median_ms(*module, o.repeats, [&] { module->forward(); });
+    if (o.backward)
+      row.both_ms = median_ms(*module, o.repeats, [&] {
+        module->forward();
+        module->backward();
+      });
   }
-  row.forward_ms = median_ms(*module, o.repeats, [&] { module->forward(); });
-  if (o.backward)
-    row.both_ms = median_ms(*module, o.repeats, [&] {
-      module->forward();
-      module->backward();
-    });
+  if (const auto paths = module->attention_paths(); !paths.empty()) row.description += " [attention: " + paths + "]";
   return row;
 }
 
@@ -289,6 +291,12 @@ void add_bench_command(CLI::App& app) {
                   "instruction (vdpbf16ps) where it was measured faster than converting to float (AMD Zen 4 and "
                   "later), converting and dot_instructions force one (the policy column names the one that ran)")
       ->check(CLI::IsMember({"automatic", "converting", "dot_instructions"}))
+      ->capture_default_str();
+  cmd->add_option("--cuda-attention", o->cuda_attention,
+                  "cuda: whose attention kernels run: difftx's own, or cuDNN's fused attention where it applies "
+                  "(float16/bfloat16, sm_80 and newer; difftx's elsewhere) in a build with cuDNN; the policy column "
+                  "counts what ran")
+      ->check(CLI::IsMember({"difftx", "cudnn"}))
       ->capture_default_str();
   auto* batch = cmd->add_option("--batch", o->batch, "batch size B")->check(count_in(1));
   auto* seq = cmd->add_option("--seq", o->seq, "sequence length N (needed unless --decode; --model: the prompt, "

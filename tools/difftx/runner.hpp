@@ -33,6 +33,8 @@ struct module_spec {
   // simd: the path of bfloat16 matrix products, policy::simd::bf16_products
   // by name (automatic, converting, dot_instructions).
   std::string bf16_product = "automatic";
+  // cuda: whose attention kernels run, policy::cuda::attention by name (difftx, cudnn).
+  std::string cuda_attention = "difftx";
   int logit_bits = 16;  // attention logits quantized to this many bits (16: not at all)
   inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys
 };
@@ -90,6 +92,9 @@ class runner {
   // "converting": to float while packed), or "" where that is not a choice
   // (other types and policies).
   virtual std::string bf16_product() const { return ""; }
+  // What ran this runner's attention calls so far, "cudnn 4" or "difftx tensor
+  // cores 2, cudnn 2", where the policy counts them (cuda); else "".
+  virtual std::string attention_paths() const { return ""; }
 };
 
 // The registry (policies.hpp, and cuda where DIFFTX_CLI_CUDA is on), by name.

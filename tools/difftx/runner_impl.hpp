@@ -17,6 +17,7 @@
 #include <difftx/difftx.hpp>
 #include <difftx/io/npy.hpp>
 #include <difftx/io/parameters.hpp>
+#include <difftx/policy/cuda/attention_path.hpp>  // attention_paths_of (host code)
 
 #include "runner.hpp"
 
@@ -53,6 +54,18 @@ std::string bf16_product_of(const Policy& policy) {
   if constexpr (std::is_same_v<T, Eigen::bfloat16> && requires { policy.bf16_product_used(); })
     return policy.bf16_product_used() == Policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
   return "";
+}
+
+// The attention calls the policy's context counted, by path (policy::cuda); "" for other policies.
+template <class Policy>
+std::string attention_paths_of(const Policy& policy) {
+  std::string paths;
+  if constexpr (requires { policy.context->attention_calls; })
+    for (int path = 0; path < attention_path_count; ++path)
+      if (const long long calls = policy.context->attention_calls[static_cast<std::size_t>(path)].load(); calls > 0)
+        paths += (paths.empty() ? "" : ", ") + std::string(path_name(static_cast<attention_path>(path))) + " " +
+                 std::to_string(calls);
+  return paths;
 }
 
 template <class Module>
@@ -164,6 +177,7 @@ class module_runner final : public runner {
 
   int threads() const override { return policy_threads(module_.policy()); }
   std::string bf16_product() const override { return bf16_product_of<T>(module_.policy()); }
+  std::string attention_paths() const override { return attention_paths_of(module_.policy()); }
 
  private:
   memory_resource& memory() const { return module_.policy().memory(); }
@@ -225,10 +239,13 @@ inline MultiHeadConfig multihead_config(const module_spec& s, index_t layer_offs
 }
 
 // The policy object every module of the runner gets: spec.threads, where the
-// policy has threads; spec.bf16_product, where it has that choice.
+// policy has threads; spec.bf16_product and spec.cuda_attention, where it has
+// those choices.
 template <class Policy>
 Policy make_policy(const module_spec& s) {
   Policy policy{};
+  if constexpr (requires { policy.attention; })
+    policy.attention = s.cuda_attention == "cudnn" ? decltype(policy.attention)::cudnn : decltype(policy.attention)::difftx;
   if constexpr (requires { policy.threads; })
     if (s.threads > 0) policy.threads = s.threads;
   if constexpr (requires { policy.bf16_products; }) {

@@ -10,6 +10,7 @@
 
 #include "difftx/core/tensor.hpp"
 #include "difftx/ops/attention.hpp"
+#include "difftx/policy/cuda/attention_cudnn.cuh"
 #include "difftx/policy/cuda/attention_mma.cuh"
 #include "difftx/policy/cuda/attention_simt.cuh"
 #include "difftx/policy/cuda/elementwise.cuh"
@@ -31,6 +32,17 @@ template <class T>
 constexpr bool has_tensor_cores = std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
 
 inline bool use_tensor_cores(int d) { return d == 64 || d == 128; }
+
+// Counts what ran an attention call in the context (attention_path.hpp).
+inline void record(const policy::cuda& p, attention_path path) {
+  p.context->attention_calls[static_cast<std::size_t>(path)].fetch_add(1, std::memory_order_relaxed);
+}
+
+// Whether the policy asks for cuDNN and the call is one it may take.
+template <class T>
+bool try_cudnn(const policy::cuda& p, const attention_shape& s, std::initializer_list<const void*> tensors) {
+  return cudnn_applies(p.attention, has_tensor_cores<T>, p.context->compute_major, s.d, s.dv, tensors);
+}
 
 // Raises a kernel's dynamic shared-memory limit to `bytes` (above the default 48 KiB).
 template <class Kernel>
@@ -54,7 +66,15 @@ void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvie
   constexpr std::string_view where = "attention_forward";
   detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, "o");
   require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
+  require_attention_available(where, p.attention, built_with_cudnn);
   const auto s = shape_of(q, k, v, causal);
+#if defined(DIFFTX_CUDNN)
+  if constexpr (has_tensor_cores<T>)
+    if (try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), Maps == 2 ? o2.data() : o.data()}) &&
+        cudnn_attention_forward<Maps>(p, s, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr, o.data(),
+                                      Maps == 2 ? o2.data() : nullptr, lse.data()))
+      return record(p, attention_path::cudnn);
+#endif
   const auto* qp = device_pointer(q.data());
   const auto* kp = device_pointer(k.data());
   const auto* vp = device_pointer(v.data());
@@ -76,9 +96,10 @@ void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvie
       else
         launch(std::integral_constant<int, 128>{});
       DIFFTX_CUDA_CHECK(cudaGetLastError());
-      return;
+      return record(p, attention_path::tensor_cores);
     }
   }
+  record(p, attention_path::cuda_cores);
   const dim3 grid((s.N + simt_rows - 1) / simt_rows, s.H, s.B);
   if (s.d <= 32)
     attention_forward_simt<Maps, 32, DT><<<grid, 128, 0, p.stream()>>>(qp, kp, vp, lam, s, op, o2p, lse.data());
@@ -102,7 +123,17 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
   detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
                                          dlambda);
   require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
+  require_attention_available(where, p.attention, built_with_cudnn);
   const auto s = shape_of(q, k, v, causal);
+#if defined(DIFFTX_CUDNN)
+  if constexpr (has_tensor_cores<T>)
+    if (try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), d_o.data(), dq.data(), dk.data(), dv.data(),
+                            Maps == 2 ? o2.data() : o.data()}) &&
+        cudnn_attention_backward<Maps>(p, s, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr,
+                                       o.data(), Maps == 2 ? o2.data() : nullptr, lse.data(), d_o.data(), dq.data(),
+                                       dk.data(), dv.data(), Maps == 2 ? dlambda.data() : nullptr))
+      return record(p, attention_path::cudnn);
+#endif
   const auto* qp = device_pointer(q.data());
   const auto* kp = device_pointer(k.data());
   const auto* vp = device_pointer(v.data());
@@ -141,9 +172,10 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
       const float* accumulated = dq_accum.data();
       DT* dqp = device_pointer(dq.data());
       launch_for_each(p, dq.size(), [=] __device__(long long i) { dqp[i] = from_float<DT>(accumulated[i]); });
-      return;
+      return record(p, attention_path::tensor_cores);
     }
   }
+  record(p, attention_path::cuda_cores);
   auto launch_simt = [&](auto max_d) {
     constexpr int MaxD = decltype(max_d)::value;
     attention_backward_dkdv_simt<Maps, MaxD, DT><<<dim3((s.N + simt_rows - 1) / simt_rows, s.G, s.B), 128, 0, p.stream()>>>(

@@ -3,6 +3,8 @@
 // device memory.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <compare>
 #include <cstdint>
 #include <memory>
@@ -15,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include "difftx/core/memory.hpp"
+#include "difftx/policy/cuda/attention_path.hpp"
 #include "difftx/policy/cuda/plan_cache.hpp"
 
 namespace difftx {
@@ -116,9 +119,18 @@ struct cuda_context {
   // rebuilt on every call. Off by default until it has run on a GPU (issue 27).
   bool keep_matmul_plans = false;
   cuda_detail::plan_cache<cuda_detail::matmul_key, cuda_detail::matmul_plan> matmul_plans;
+  int compute_major = 0;  // the device's compute capability, major number
+  // What ran each attention call (attention_path), for `difftx bench` and the tests.
+  std::array<std::atomic<long long>, attention_path_count> attention_calls{};
+  // cuDNN's state (attention_cudnn.cuh), made on first use: type-erased, so
+  // the context is the same type in translation units built with and without
+  // cuDNN.
+  std::mutex extension_mutex;
+  std::shared_ptr<void> cudnn_attention;
 
   explicit cuda_context(int device_index) : device(device_index) {
     DIFFTX_CUDA_CHECK(cudaSetDevice(device));
+    DIFFTX_CUDA_CHECK(cudaDeviceGetAttribute(&compute_major, cudaDevAttrComputeCapabilityMajor, device));
     DIFFTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     DIFFTX_CUDA_CHECK(cublasLtCreate(&blas));
     DIFFTX_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
@@ -128,6 +140,7 @@ struct cuda_context {
   cuda_context& operator=(const cuda_context&) = delete;
   ~cuda_context() {
     cudaStreamSynchronize(stream);
+    cudnn_attention.reset();
     cudaFree(workspace);
     cublasLtDestroy(blas);
     cudaStreamDestroy(stream);

@@ -6,6 +6,7 @@
 
 #include <Eigen/Core>
 
+#include "difftx/policy/cuda/attention_path.hpp"
 #include "difftx/policy/cuda/context.cuh"
 
 namespace difftx::policy {
@@ -21,6 +22,9 @@ struct cuda {
                                    std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
 
   std::shared_ptr<cuda_context> context = cuda_context::for_current_device();
+  // Whose kernels run attention (attention_path.hpp): difftx's own, or cuDNN's
+  // fused attention where it applies (opt-in until it has run on a GPU).
+  cuda_attention attention = cuda_attention::difftx;
 
   memory_resource& memory() const noexcept { return *context->memory; }
   cudaStream_t stream() const noexcept { return context->stream; }

@@ -1,0 +1,261 @@
+// cuDNN's fused scaled-dot-product attention as policy::cuda's attention for
+// float16/bfloat16 (attention_path.hpp says when it is chosen), through the
+// graph API of cuDNN's header-only C++ frontend. Formulas and shapes are
+// difftx/ops/attention.hpp's; this file only maps them onto cuDNN's.
+//
+// Each map m of a differential head is one attention problem, Q_m K_m^T with
+// query/key width d against V of width dv = 2d, the same V for both maps:
+//   O_m = softmax(Q_m K_m^T / sqrt(d)) V,   Stats_m = log-sum-exp of each row,
+// so one graph per shape serves both maps (map m's views differ only in
+// where they start). The forward writes O_2 into o2 and Stats_m into lse
+// (the same natural-log log-sum-exp the difftx kernels save), O_1 into o,
+// then o = O_1 - lambda O_2 in one elementwise pass.
+// The backward is linear in dO: map 1 gets dO against O_1 = o + lambda o2,
+// map 2 gets dO_2 = -lambda dO against O_2, each through cuDNN's backward,
+// which writes dq and dk of its map in place (grouped query heads summed
+// into their key head by cuDNN) and dV of its map; dv = dV_1 + dV_2, and
+// dlambda = -sum(dO ⊙ O_2) by attention_rowsums as on the difftx path.
+//
+// Views, as [batch, head, token, width] with strides in elements (map m's
+// offset m·d on q and k, m·N on lse, goes on the pointer):
+//   Q_m  in q [B, N, H, Maps, d]:  (N·H·Maps·d, Maps·d, H·Maps·d, 1)
+//   K_m  in k [B, N, G, Maps, d]:  (N·G·Maps·d, Maps·d, G·Maps·d, 1)
+//   V    in v [B, N, G, dv]:       (N·G·dv,     dv,     G·dv,     1)
+//   O    in o [B, N, H, dv]:       (N·H·dv,     dv,     H·dv,     1)
+//   Stats_m in lse [B, H, Maps, N] as [B, H, N, 1]: (H·Maps·N, Maps·N, 1, 1)
+//
+// Graphs are built once per shape and kept in the policy's context with the
+// workspace size they need (plan_cache.hpp). Compiled only where CMake found
+// cuDNN and the frontend (DIFFTX_CUDNN, target difftx::cudnn).
+#pragma once
+
+#if defined(DIFFTX_CUDNN)
+
+#include <cmath>
+#include <compare>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include "difftx/core/tensor.hpp"
+#include "difftx/policy/cuda/device_types.cuh"
+#include "difftx/policy/cuda/attention_simt.cuh"
+#include "difftx/policy/cuda/elementwise.cuh"
+#include "difftx/policy/cuda/plan_cache.hpp"
+#include "difftx/policy/cuda/tag.cuh"
+
+namespace difftx::cuda_detail {
+
+namespace fe = cudnn_frontend;
+
+inline void check(cudnnStatus_t status, const char* what, const char* file, int line) {
+  if (status != CUDNN_STATUS_SUCCESS)
+    throw cuda_error(std::string(file) + ":" + std::to_string(line) + ": " + what + ": " + cudnnGetErrorString(status));
+}
+inline void check(fe::error_t status, const char* what, const char* file, int line) {
+  if (status.is_bad())
+    throw cuda_error(std::string(file) + ":" + std::to_string(line) + ": " + what + ": cuDNN frontend: " +
+                     status.get_message());
+}
+// cuDNN has no engine for this graph (a shape or GPU it does not serve): the
+// call falls back to difftx's kernels. Anything else is an error.
+inline bool refused(fe::error_t status) {
+  const auto code = status.get_code();
+  return code == fe::error_code_t::GRAPH_NOT_SUPPORTED || code == fe::error_code_t::HEURISTIC_QUERY_FAILED ||
+         code == fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED;
+}
+
+// One attention problem as cuDNN sees it: a graph's key.
+struct cudnn_attention_key {
+  bool bfloat16 = false, causal = false, backward = false;
+  std::int64_t B = 0, N = 0, H = 0, G = 0, maps = 0, d = 0, dv = 0;
+  auto operator<=>(const cudnn_attention_key&) const = default;
+};
+
+// A built graph, or none where cuDNN refused the shape (kept too, so that it
+// is asked once).
+struct cudnn_attention_graph {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::int64_t workspace_bytes = 0;
+};
+
+// The tensors' ids in a graph's variant pack.
+enum cudnn_uid : std::int64_t { q_uid = 1, k_uid, v_uid, o_uid, stats_uid, d_o_uid, dq_uid, dk_uid, dv_uid };
+
+// The cuDNN handle (on the policy's stream) and the graphs built so far, one
+// per context, made on first use.
+struct cudnn_attention_state {
+  cudnnHandle_t handle = nullptr;
+  plan_cache<cudnn_attention_key, cudnn_attention_graph> graphs;
+  explicit cudnn_attention_state(cudaStream_t stream) {
+    DIFFTX_CUDA_CHECK(cudnnCreate(&handle));
+    DIFFTX_CUDA_CHECK(cudnnSetStream(handle, stream));
+  }
+  cudnn_attention_state(const cudnn_attention_state&) = delete;
+  cudnn_attention_state& operator=(const cudnn_attention_state&) = delete;
+  ~cudnn_attention_state() { cudnnDestroy(handle); }
+};
+
+inline cudnn_attention_state& cudnn_state(const policy::cuda& p) {
+  cuda_context& context = *p.context;
+  std::lock_guard lock(context.extension_mutex);
+  if (!context.cudnn_attention) context.cudnn_attention = std::make_shared<cudnn_attention_state>(context.stream);
+  return *std::static_pointer_cast<cudnn_attention_state>(context.cudnn_attention);
+}
+
+inline std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(const policy::cuda& p,
+                                                                              const cudnn_attention_key& key) {
+  cudnn_attention_state& state = cudnn_state(p);
+  return state.graphs.get(key, [&] {
+    const std::int64_t B = key.B, N = key.N, H = key.H, G = key.G, M = key.maps, d = key.d, dv = key.dv;
+    auto graph = std::make_shared<fe::graph::Graph>();
+    graph->set_io_data_type(key.bfloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto tensor = [&](const char* name, cudnn_uid uid, std::vector<std::int64_t> dim, std::vector<std::int64_t> stride) {
+      return graph->tensor(
+          fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(std::move(dim)).set_stride(std::move(stride)));
+    };
+    const std::vector<std::int64_t> q_dim{B, H, N, d}, q_stride{N * H * M * d, M * d, H * M * d, 1};
+    const std::vector<std::int64_t> k_dim{B, G, N, d}, k_stride{N * G * M * d, M * d, G * M * d, 1};
+    const std::vector<std::int64_t> v_dim{B, G, N, dv}, v_stride{N * G * dv, dv, G * dv, 1};
+    const std::vector<std::int64_t> o_dim{B, H, N, dv}, o_stride{N * H * dv, dv, H * dv, 1};
+    const std::vector<std::int64_t> stats_dim{B, H, N, 1}, stats_stride{H * M * N, M * N, 1, 1};
+    auto q = tensor("Q", q_uid, q_dim, q_stride), k = tensor("K", k_uid, k_dim, k_stride),
+         v = tensor("V", v_uid, v_dim, v_stride);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    if (!key.backward) {
+      auto [o, stats] = graph->sdpa(q, k, v,
+                                    fe::graph::SDPA_attributes()
+                                        .set_name("difftx attention map")
+                                        .set_generate_stats(true)
+                                        .set_attn_scale(scale)
+                                        .set_causal_mask(key.causal));
+      o->set_output(true).set_uid(o_uid).set_dim(o_dim).set_stride(o_stride);
+      stats->set_output(true).set_uid(stats_uid).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim).set_stride(
+          stats_stride);
+    } else {
+      auto o = tensor("O", o_uid, o_dim, o_stride), d_o = tensor("dO", d_o_uid, o_dim, o_stride);
+      auto stats = tensor("Stats", stats_uid, stats_dim, stats_stride);
+      stats->set_data_type(fe::DataType_t::FLOAT);
+      auto [dq, dk, dv_out] = graph->sdpa_backward(
+          q, k, v, o, d_o, stats,
+          fe::graph::SDPA_backward_attributes().set_name("difftx attention map backward").set_attn_scale(scale).set_causal_mask(
+              key.causal));
+      dq->set_output(true).set_uid(dq_uid).set_dim(q_dim).set_stride(q_stride);
+      dk->set_output(true).set_uid(dk_uid).set_dim(k_dim).set_stride(k_stride);
+      dv_out->set_output(true).set_uid(dv_uid).set_dim(v_dim).set_stride(v_stride);
+    }
+    auto built = std::make_shared<cudnn_attention_graph>();
+    if (const fe::error_t status = graph->build(state.handle, {fe::HeurMode_t::A}); !refused(status)) {
+      DIFFTX_CUDA_CHECK(status);
+      built->graph = std::move(graph);
+      DIFFTX_CUDA_CHECK(built->graph->get_workspace_size(built->workspace_bytes));
+    }
+    return std::shared_ptr<const cudnn_attention_graph>(std::move(built));
+  });
+}
+
+inline void run_cudnn_graph(const policy::cuda& p, const cudnn_attention_graph& built,
+                            std::unordered_map<std::int64_t, void*> pointers) {
+  const auto bytes = static_cast<std::size_t>(built.workspace_bytes);
+  void* workspace = bytes > 0 ? p.memory().allocate(bytes) : nullptr;  // stream-ordered: freed behind the call
+  try {
+    DIFFTX_CUDA_CHECK(built.graph->execute(cudnn_state(p).handle, pointers, workspace));
+  } catch (...) {
+    if (workspace) p.memory().deallocate(workspace, bytes);
+    throw;
+  }
+  if (workspace) p.memory().deallocate(workspace, bytes);
+}
+
+template <class T>
+cudnn_attention_key cudnn_key_of(const attention_shape& s, int maps, bool backward) {
+  return {std::is_same_v<T, Eigen::bfloat16>, s.causal, backward, s.B, s.N, s.H, s.G, maps, s.d, s.dv};
+}
+
+// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv] -> o [B,N,H,dv]; saved o2 (Maps = 2), lse [B,H,Maps,N]
+// false where cuDNN refuses the shape (nothing written).
+template <int Maps, class T>
+bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, const T* q, const T* k, const T* v,
+                             const accum_t<T>* lambda, T* o, T* o2, accum_t<T>* lse) {
+  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, false));
+  if (!graph->graph) return false;
+  auto* mutable_q = const_cast<T*>(q);  // the variant pack takes void*; cuDNN only reads its inputs
+  auto* mutable_k = const_cast<T*>(k);
+  auto* mutable_v = const_cast<T*>(v);
+  for (int m = Maps - 1; m >= 0; --m)  // map 2 first: o then holds O_1 for the combination
+    run_cudnn_graph(p, *graph,
+                    {{q_uid, mutable_q + m * s.d},
+                     {k_uid, mutable_k + m * s.d},
+                     {v_uid, mutable_v},
+                     {o_uid, m == 0 ? o : o2},
+                     {stats_uid, lse + static_cast<std::int64_t>(m) * s.N}});
+  if constexpr (Maps == 2) {
+    using DT = device_t<T>;
+    DT* op = device_pointer(o);
+    const DT* o2p = device_pointer(o2);
+    const long long n = static_cast<long long>(s.B) * s.N * s.H * s.dv;
+    launch_for_each(p, n, [=] __device__(long long i) { op[i] = from_accum<DT>(to_accum(op[i]) - *lambda * to_accum(o2p[i])); });
+  }
+  return true;
+}
+
+// do [B,N,H,dv] -> dq, dk, dv assigned; dlambda assigned (Maps = 2). false
+// where cuDNN refuses the shape (nothing written).
+template <int Maps, class T>
+bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, const T* q, const T* k, const T* v,
+                              const accum_t<T>* lambda, const T* o, const T* o2, const accum_t<T>* lse, const T* d_o,
+                              T* dq, T* dk, T* dv, accum_t<T>* dlambda) {
+  using DT = device_t<T>;
+  using A = accum_t<T>;
+  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, true));
+  if (!graph->graph) return false;
+  const long long rows = static_cast<long long>(s.B) * s.N * s.H, n = rows * s.dv;
+  auto* mutable_q = const_cast<T*>(q);  // the variant pack takes void*; cuDNN only reads its inputs
+  auto* mutable_k = const_cast<T*>(k);
+  auto* mutable_v = const_cast<T*>(v);
+  auto* mutable_lse = const_cast<A*>(lse);
+  if constexpr (Maps == 1) {
+    run_cudnn_graph(p, *graph,
+                    {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, const_cast<T*>(o)},
+                     {stats_uid, mutable_lse}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
+  } else {
+    Tensor<T, 1> o1({n}, p.memory()), d_o2({n}, p.memory());
+    Tensor<T, 1> dv2({static_cast<index_t>(s.B) * s.N * s.G * s.dv}, p.memory());
+    {
+      DT *o1p = device_pointer(o1.data()), *d_o2p = device_pointer(d_o2.data());
+      const DT *op = device_pointer(o), *o2p = device_pointer(o2), *dop = device_pointer(d_o);
+      launch_for_each(p, n, [=] __device__(long long i) {
+        o1p[i] = from_accum<DT>(to_accum(op[i]) + *lambda * to_accum(o2p[i]));
+        d_o2p[i] = from_accum<DT>(-*lambda * to_accum(dop[i]));
+      });
+    }
+    run_cudnn_graph(p, *graph,
+                    {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, o1.data()},
+                     {stats_uid, mutable_lse}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
+    run_cudnn_graph(p, *graph,
+                    {{q_uid, mutable_q + s.d}, {k_uid, mutable_k + s.d}, {v_uid, mutable_v}, {o_uid, const_cast<T*>(o2)},
+                     {stats_uid, mutable_lse + s.N}, {d_o_uid, d_o2.data()}, {dq_uid, dq + s.d}, {dk_uid, dk + s.d},
+                     {dv_uid, dv2.data()}});
+    DT* dvp = device_pointer(dv);
+    const DT* dv2p = device_pointer(dv2.data());
+    launch_for_each(p, dv2.size(), [=] __device__(long long i) { dvp[i] = from_accum<DT>(to_accum(dvp[i]) + to_accum(dv2p[i])); });
+    // dlambda = -sum(dO ⊙ O_2), as the difftx path computes it (the row sums themselves are cuDNN's business here)
+    Tensor<A, 1> rowsum({rows * Maps}, p.memory());
+    DIFFTX_CUDA_CHECK(cudaMemsetAsync(dlambda, 0, sizeof(A), p.stream()));
+    attention_rowsums<Maps, DT><<<blocks_for(rows, 8), 256, 0, p.stream()>>>(
+        device_pointer(o), device_pointer(o2), device_pointer(d_o), lambda, s, rowsum.data(), dlambda);
+    DIFFTX_CUDA_CHECK(cudaGetLastError());
+  }
+  return true;
+}
+
+}  // namespace difftx::cuda_detail
+
+#endif  // DIFFTX_CUDNN
