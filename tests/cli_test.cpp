@@ -1333,7 +1333,8 @@ TEST_CASE("cli models: generate and bench --model take int8 weights and an int8 
   CHECK(j.at("weights_dtype") == "int8");
   CHECK(j.at("kv_dtype") == "int8");
   CHECK(j.at("decode_tokens_per_s").get<double>() > 0);
-  CHECK(j.at("decode_share_of_bound").is_null());  // int8 weights: not the parameters' bytes
+  for (const char* field : {"weights_read_per_token_bytes", "read_GBps", "decode_share_of_bound"})
+    CHECK(j.at(field).is_null());  // int8 weights: decoding reads their int8 copy, not the parameters' bytes
   expect_usage_error(generate + " --kv-dtype int4", {"--kv-dtype", "int4"});
 }
 

@@ -122,7 +122,7 @@ void bench_model(const model_bench_options& o) {
                                          {"prefill_tokens_per_s", double(o.prompt_tokens) / row.prefill_ms * 1e3},
                                          {"decode_ms_per_token", row.decode_ms_per_token},
                                          {"decode_tokens_per_s", 1e3 / row.decode_ms_per_token},
-                                         {"weights_read_per_token_bytes", row.weight_bytes},
+                                         {"weights_read_per_token_bytes", bound_value(row, row.weight_bytes)},
                                          {"weights_read_ms", bound_value(row, row.read_ms)},
                                          {"read_GBps", bound_value(row, row.weight_bytes / row.read_ms / 1e6)},
                                          {"decode_share_of_bound", bound_value(row, row.bound_share)}}
