@@ -62,10 +62,9 @@ class model_runner final : public language_model_runner {
 
   std::vector<std::span<const std::byte>> weights_read_per_token() override {
     if (weights_ == inference_dtype::int8) return {};
-    const auto all = model_.parameters();
-    const bool tied = std::none_of(all.begin(), all.end(), [](const auto& p) { return p.name == "lm_head.weight"; });
+    const bool tied = model_.config().tie_word_embeddings;
     std::vector<std::span<const std::byte>> read;
-    for (const auto& p : all)
+    for (const auto& p : model_.parameters())
       if (tied || p.name != "embed_tokens.weight")
         read.push_back(std::as_bytes(std::span<const T>(p.value, static_cast<std::size_t>(p.size()))));
     return read;

@@ -31,8 +31,6 @@ attention_shape shape_of(const Q& q, const K& k, const V& v, bool causal) {
 template <class T>
 constexpr bool has_tensor_cores = std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
 
-inline bool use_tensor_cores(int d) { return d == 64 || d == 128; }
-
 // Counts what ran an attention call in the context (attention_path.hpp).
 inline void record(const policy::cuda& p, attention_path path) {
   p.context->attention_calls[static_cast<std::size_t>(path)].fetch_add(1, std::memory_order_relaxed);
@@ -82,7 +80,7 @@ void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvie
   auto* o2p = Maps == 2 ? device_pointer(o2.data()) : nullptr;
   const A* lam = Maps == 2 ? lambda.data() : nullptr;
   if constexpr (has_tensor_cores<T>) {
-    if (use_tensor_cores(s.d)) {
+    if (own_attention_path(true, s.d) == attention_path::tensor_cores) {
       auto launch = [&](auto head) {
         constexpr int D = decltype(head)::value;
         auto kernel = attention_forward_mma<Maps, D, DT>;
@@ -153,7 +151,7 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
   DIFFTX_CUDA_CHECK(cudaGetLastError());
 
   if constexpr (has_tensor_cores<T>) {
-    if (use_tensor_cores(s.d)) {
+    if (own_attention_path(true, s.d) == attention_path::tensor_cores) {
       Tensor<float, 5> dq_accum(dq.shape(), p.memory());  // zeroed; blocks add their part
       auto launch = [&](auto head) {
         constexpr int D = decltype(head)::value;
