@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <string>
@@ -122,6 +123,29 @@ TEST_CASE("simd: float and double linear, decoding's streamed rows among them") 
     check_reduced_linear<float>(M, N, K);
     check_reduced_linear<double>(M, N, K);
   }
+}
+
+TEST_CASE("simd: decoding's slices of w, each computed once whatever the threads") {
+  // Each thread's own run from the front, the rest taken from the back of
+  // other runs (for_each_gemv_slice): every row of x meets every slice of w's
+  // rows once, with the slice's true row count, for thread counts below, at
+  // and past the slice count and a ragged last slice.
+  for (int threads : {1, 2, 3, 8})
+    for (auto [M, N, slice] : {std::array<index_t, 3>{1, 1, 16}, {4, 300, 16}, {2, 17, 16}, {1, 1000, 1}, {3, 5, 4},
+                               {1, 4096, 16}}) {
+      const index_t slices = (N + slice - 1) / slice;
+      std::vector<std::atomic<int>> visits(static_cast<std::size_t>(M * slices));
+      std::atomic<bool> wrong_rows{false};
+      simd_detail::for_each_gemv_slice(policy::simd{threads}, M, N, slice, [&](index_t i, index_t j, index_t rows) {
+        if (j % slice != 0 || rows != std::min(slice, N - j)) wrong_rows = true;
+        visits[static_cast<std::size_t>(i * slices + j / slice)].fetch_add(1);
+      });
+      INFO("threads=" << threads << " M=" << M << " N=" << N << " slice=" << slice);
+      CHECK_FALSE(wrong_rows.load());
+      int missed_or_repeated = 0;
+      for (const auto& v : visits) missed_or_repeated += v.load() != 1;
+      CHECK(missed_or_repeated == 0);
+    }
 }
 
 // The bfloat16 dot-product path (gemm_bf16_pairs.hpp) against the

@@ -135,8 +135,12 @@ void split_pairs(const T* x, index_t K, float* split) {
 // word holds the pair (c, c + 1): shifted left by 16 it is value c as a float,
 // masked to its high half value c + 1, so a pair costs two plain integer
 // operations where widening costs a shuffle per value. The products are
-// exact; the sums are in float, in another order than dots_with_rows'. W
-// rows at a time, as dots_with_rows.
+// exact; the sums are in float, in another order than dots_with_rows'. One
+// row after the other, each read as one sequential stream into four partial
+// sums, so that a slice of rows is one stream (gemm_bf16_pairs.hpp's
+// row_dots): W rows side by side, as dots_with_rows reads them, made the
+// 1B checkpoint's bfloat16 decode with --bf16-product converting 1.15-1.2x
+// slower on Zen 4 (58-61 against 49-54 ms per token, docs/benchmarks.md).
 inline void bf16_pair_dots(const float* split, const Eigen::bfloat16* first, index_t stride, index_t rows, index_t k,
                            float* out) {
   using V = vec<float>;
@@ -156,20 +160,15 @@ inline void bf16_pair_dots(const float* split, const Eigen::bfloat16* first, ind
              split[k_vec + W + (c - k_vec) / 2] * static_cast<float>(first[t * stride + c + 1]);
     return sum;
   };
-  index_t t = 0;
-  for (; t + W <= rows; t += W) {
-    V acc[W];
-    for (auto& a : acc) a = V(0.0f);
-    for (index_t c = 0; c < k_vec; c += 2 * W)
-      for (index_t n = 0; n < W; ++n) pair(t + n, c, acc[n]);
-    lane_sums(acc, out + t);
-    if (k_vec < k)
-      for (index_t n = 0; n < W; ++n) out[t + n] += rest(t + n);
-  }
-  for (; t < rows; ++t) {
-    V acc(0.0f);
-    for (index_t c = 0; c < k_vec; c += 2 * W) pair(t, c, acc);
-    out[t] = xsimd::hadd(acc) + rest(t);
+  constexpr index_t unroll = 4, step = unroll * 2 * W;
+  for (index_t t = 0; t < rows; ++t) {
+    V part[unroll];
+    for (auto& q : part) q = V(0.0f);
+    index_t c = 0;
+    for (; c + step <= k_vec; c += step)
+      for (index_t u = 0; u < unroll; ++u) pair(t, c + u * 2 * W, part[u]);
+    for (; c < k_vec; c += 2 * W) pair(t, c, part[0]);
+    out[t] = xsimd::hadd((part[0] + part[1]) + (part[2] + part[3])) + rest(t);
   }
 }
 

@@ -6,6 +6,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "difftx/policy/simd/common.hpp"
 
@@ -62,23 +66,92 @@ void for_each_c_block(const policy::simd& p, index_t M, index_t N, index_t col_a
   }
 }
 
+// A run of slices [front, back) shared between threads: its owner takes
+// slices one at a time from the front, others take several at a time from
+// the back. Both ends live in one atomic word.
+class slice_run {
+ public:
+  void assign(index_t front, index_t back) noexcept { ends_.store(pack(front, back), std::memory_order_relaxed); }
+  index_t left() const noexcept {
+    const auto e = ends_.load(std::memory_order_relaxed);
+    return back_of(e) - front_of(e);
+  }
+  // The front slice, or -1 when none is left.
+  index_t take_front() noexcept {
+    auto e = ends_.load(std::memory_order_relaxed);
+    do {
+      if (front_of(e) >= back_of(e)) return -1;
+    } while (!ends_.compare_exchange_weak(e, pack(front_of(e) + 1, back_of(e)), std::memory_order_relaxed));
+    return front_of(e);
+  }
+  // Up to `count` slices from the back, [s0, s1); empty when none is left.
+  std::pair<index_t, index_t> take_back(index_t count) noexcept {
+    auto e = ends_.load(std::memory_order_relaxed);
+    index_t s0 = 0;
+    do {
+      s0 = std::max(front_of(e), back_of(e) - count);
+      if (s0 >= back_of(e)) return {0, 0};
+    } while (!ends_.compare_exchange_weak(e, pack(front_of(e), s0), std::memory_order_relaxed));
+    return {s0, back_of(e)};
+  }
+
+ private:
+  static std::uint64_t pack(index_t front, index_t back) noexcept {
+    return static_cast<std::uint64_t>(front) << 32 | static_cast<std::uint32_t>(back);
+  }
+  static index_t front_of(std::uint64_t e) noexcept { return static_cast<index_t>(e >> 32); }
+  static index_t back_of(std::uint64_t e) noexcept { return static_cast<index_t>(e & 0xffffffffu); }
+  alignas(64) std::atomic<std::uint64_t> ends_{0};  // a line of its own: the owner writes it per slice
+};
+
 // Decoding's y[M, N] = x[M, K] · w[N, K]ᵀ for a few rows of x: nothing to
 // reuse a packed copy of w for, so w streams once, straight from memory.
 // row_dots(i, j, rows) writes out[i·N + j + t] for t < rows ≤ slice, the dot
 // products of x's row i with w's rows j + t; w's slice of rows stays in
-// cache for every row of x. Guided scheduling: each thread first takes a
-// long run of rows (half, then a quarter of what is left ...), which
-// streams at the memory's rate, and the last runs are short, so neither
-// thread waits long for the other (fixed runs of 64 rows read 5-7% slower).
+// cache for every row of x.
+//
+// Each thread owns an equal run of slices and reads it front to back, one
+// forward stream; a thread whose run is done takes a quarter of what is left
+// from the back of the run with the most left, until none is. The two
+// threads of a 2-core VM do not read at the same rate (one 5-10% slower for
+// a whole process, either one): guided scheduling, which hands out half the
+// rows first, left the faster thread waiting at the end of the products for
+// 1.5 to 7 ms of a 45-70 ms bfloat16 decode step of the 1B checkpoint; with
+// runs taken from the back, 0.2 to 1.2 ms.
 constexpr index_t gemv_max_rows = 4;
 template <class RowDots>
 void for_each_gemv_slice(const policy::simd& p, index_t M, index_t N, index_t slice, RowDots&& row_dots) {
   const index_t slices = (N + slice - 1) / slice;
   const int threads = static_cast<int>(std::min<index_t>(thread_count(p), slices));
-#pragma omp parallel for num_threads(threads) schedule(guided, 1) if (threads > 1)
-  for (index_t s = 0; s < slices; ++s) {
-    const index_t j = s * slice;
-    for (index_t i = 0; i < M; ++i) row_dots(i, j, std::min(slice, N - j));
+  auto run_slices = [&](index_t s0, index_t s1) {
+    for (index_t s = s0; s < s1; ++s) {
+      const index_t j = s * slice;
+      for (index_t i = 0; i < M; ++i) row_dots(i, j, std::min(slice, N - j));
+    }
+  };
+  if (threads <= 1) return run_slices(0, slices);
+  std::vector<slice_run> runs(static_cast<std::size_t>(threads));
+  for (int t = 0; t < threads; ++t) runs[static_cast<std::size_t>(t)].assign(slices * t / threads, slices * (t + 1) / threads);
+#pragma omp parallel num_threads(threads)
+  {
+#if defined(_OPENMP)
+    slice_run& own = runs[static_cast<std::size_t>(omp_get_thread_num())];
+#else
+    slice_run& own = runs.front();
+#endif
+    for (index_t s; (s = own.take_front()) >= 0;) run_slices(s, s + 1);
+    for (;;) {
+      slice_run* most = nullptr;  // (a team smaller than asked for leaves runs without an owner: taken here too)
+      index_t most_left = 0;
+      for (auto& r : runs)
+        if (const index_t left = r.left(); left > most_left) {
+          most = &r;
+          most_left = left;
+        }
+      if (!most) break;
+      const auto [s0, s1] = most->take_back(std::max<index_t>(1, most_left / 4));
+      run_slices(s0, s1);
+    }
   }
 }
 
