@@ -36,10 +36,6 @@ struct model_timing {
   double weight_bytes = 0, read_ms = 0, bound_share = 0;
 };
 
-double milliseconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
-
 // A figure of the bound, null where none was measured.
 nlohmann::json bound_value(const model_timing& row, double value) {
   return row.read_ms > 0 ? nlohmann::json(value) : nlohmann::json();
@@ -81,17 +77,17 @@ void bench_model(const model_bench_options& o) {
     for (int r = 0; r <= o.repeats; ++r) {  // run 0: the warm-up
       auto start = std::chrono::steady_clock::now();
       token_t next = model->prefill(prompt, o.prompt_tokens + o.new_tokens);
-      const double prefill_ms = milliseconds_since(start);
+      const double prefill_ms = ms_since(start);
       double decode_ms = 0;
       for (index_t step = 0; step < o.new_tokens; ++step) {
         start = std::chrono::steady_clock::now();
         next = model->decode(next);
-        const double step_ms = milliseconds_since(start);
+        const double step_ms = ms_since(start);
         decode_ms += step_ms;
         if (weights.empty() || r == 0) continue;
         start = std::chrono::steady_clock::now();
         static_cast<void>(simd_detail::read_through(model->threads(), weights));
-        reads.push_back(milliseconds_since(start));
+        reads.push_back(ms_since(start));
         shares.push_back(reads.back() / step_ms);
       }
       if (r == 0) continue;

@@ -45,10 +45,6 @@ std::string joined(const std::vector<token_t>& tokens) {
   return out;
 }
 
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
-
 void generate(const generate_options& o) {
   const auto type = checked_dtype(o.dtype, o.policy);
   if (!runs_language_models(o.policy))

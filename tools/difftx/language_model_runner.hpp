@@ -6,6 +6,7 @@
 // token ids, and decodes one sequence greedily with the KV cache.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <ostream>
 #include <span>
@@ -20,6 +21,11 @@
 #include <difftx/ops/common.hpp>
 
 namespace difftx::cli {
+
+// Milliseconds since start on the steady clock: generate's and bench --model's timings.
+inline double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
 
 // What a language model is: its own config and each layer's.
 struct language_model_spec {
