@@ -1,7 +1,9 @@
 // Google Benchmark suite for policy::cuda at the paper's shapes (C = 3072,
 // h = 12, D = 128 at N = 2048 and 4096; C = 5120, h = 20, D = 128 at N = 2048),
-// bfloat16: the fused attention op, MultiHead, the matched baseline Attention
-// (2h heads of D) and DecoderLayer, forward and forward + backward. Each
+// bfloat16: the fused attention op (also over N = 2K..16K), MultiHead, the
+// matched baseline Attention (2h heads of D), DecoderLayer and the matched
+// BaselineLayer, forward and forward + backward, on difftx's attention kernels
+// and on cuDNN's where built (names end in /attention:difftx or :cudnn). Each
 // iteration is timed with CUDA events on the policy's stream (manual time);
 // counters give TFLOP/s (counts in flops.hpp) and tokens/s.
 // benchmarks/peer_pytorch_gpu.py runs this binary and PyTorch side by side.
@@ -9,6 +11,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <difftx/difftx.hpp>
 #include <difftx/policy/cuda.hpp>
@@ -103,42 +106,74 @@ void run_attention_op(benchmark::State& state, const policy::cuda& p, index_t he
                N);
 }
 
+// The attention kernels this build can run: difftx's own, and cuDNN's fused
+// attention where CMake found it. Every benchmark runs on each, named by it.
+std::vector<policy::cuda_attention> attention_choices() {
+  if (built_with_cudnn) return {policy::cuda_attention::difftx, policy::cuda_attention::cudnn};
+  return {policy::cuda_attention::difftx};
+}
+
+policy::cuda policy_with(policy::cuda_attention attention) {
+  policy::cuda p;
+  p.attention = attention;
+  return p;
+}
+
 void register_all() {
-  for (const auto& s : shapes)
+  // A fixed iteration count: Google Benchmark then runs each body once. Left to
+  // find its own count, it re-ran the body with every trial count, and with it
+  // the host-side set-up (random weights of a 5120-wide layer): on an H100 the
+  // first 32 of these benchmarks took over six minutes that way.
+  auto add = [](const std::string& name, auto body) {
+    benchmark::RegisterBenchmark(name.c_str(), body)->UseManualTime()->Iterations(20)->Unit(benchmark::kMillisecond);
+  };
+  auto suffix = [](bool backward, index_t C, index_t N, policy::cuda_attention a) {
+    return "/cuda/bfloat16/" + std::string(backward ? "forward_backward" : "forward") + "/C:" + std::to_string(C) +
+           "/N:" + std::to_string(N) + "/attention:" + (a == policy::cuda_attention::cudnn ? "cudnn" : "difftx");
+  };
+  for (auto a : attention_choices())
     for (bool backward : {false, true}) {
-      const std::string suffix = "/cuda/bfloat16/" + std::string(backward ? "forward_backward" : "forward") +
-                                 "/C:" + std::to_string(s.C) + "/N:" + std::to_string(s.N);
-      const double N = static_cast<double>(s.N), C = static_cast<double>(s.C), h = static_cast<double>(s.h);
-      auto add = [&](const std::string& name, auto body) {
-        benchmark::RegisterBenchmark((name + suffix).c_str(), body)->UseManualTime()->Unit(benchmark::kMillisecond);
-      };
-      add("op:diff_attention", [=](benchmark::State& state) {
-        run_attention_op<2>(state, policy::cuda{}, s.h, s.N, backward);
-      });
-      add("op:attention", [=](benchmark::State& state) {
-        run_attention_op<1>(state, policy::cuda{}, 2 * s.h, s.N, backward);
-      });
-      add("MultiHead", [=](benchmark::State& state) {
-        policy::cuda p;
-        MultiHead<T, D, policy::cuda> layer({.d_model = s.C, .heads = s.h, .kv_heads = s.h}, p);
-        run_module(state, layer, p, s.N, s.C, backward,
-                   fl::multihead_forward(1, N, C, h, h, D, true) + (backward ? fl::multihead_backward(1, N, C, h, h, D, true) : 0));
-      });
-      add("Attention", [=](benchmark::State& state) {
-        policy::cuda p;
-        Attention<T, D, policy::cuda> layer({.d_model = s.C, .heads = 2 * s.h, .kv_heads = 2 * s.h}, p);
-        run_module(state, layer, p, s.N, s.C, backward,
-                   fl::baseline_forward(1, N, C, 2 * h, 2 * h, D, true) +
-                       (backward ? fl::baseline_backward(1, N, C, 2 * h, 2 * h, D, true) : 0));
-      });
-      add("DecoderLayer", [=](benchmark::State& state) {
-        policy::cuda p;
-        DecoderLayer<T, D, policy::cuda> layer({{.d_model = s.C, .heads = s.h, .kv_heads = s.h}, s.F}, p);
-        const double F = static_cast<double>(s.F);
-        run_module(state, layer, p, s.N, s.C, backward,
-                   fl::decoder_forward(1, N, C, h, h, D, F, true) +
-                       (backward ? fl::decoder_backward(1, N, C, h, h, D, F, true) : 0));
-      });
+      // The attention op alone at h = 12 (C = 3072) over N = 2K..16K: the
+      // differential op against standard attention with 2h heads of D.
+      for (index_t n : {2048, 4096, 8192, 16384}) {
+        add("op:diff_attention" + suffix(backward, 3072, n, a),
+            [=](benchmark::State& state) { run_attention_op<2>(state, policy_with(a), 12, n, backward); });
+        add("op:attention" + suffix(backward, 3072, n, a),
+            [=](benchmark::State& state) { run_attention_op<1>(state, policy_with(a), 24, n, backward); });
+      }
+      for (const auto& s : shapes) {
+        const std::string tag = suffix(backward, s.C, s.N, a);
+        const double N = static_cast<double>(s.N), C = static_cast<double>(s.C), h = static_cast<double>(s.h),
+                     F = static_cast<double>(s.F), ffn = 3 * (backward ? 3 : 1) * fl::linear_forward(N, F, C);
+        add("MultiHead" + tag, [=](benchmark::State& state) {
+          const policy::cuda p = policy_with(a);
+          MultiHead<T, D, policy::cuda> layer({.d_model = s.C, .heads = s.h, .kv_heads = s.h}, p);
+          run_module(state, layer, p, s.N, s.C, backward,
+                     fl::multihead_forward(1, N, C, h, h, D, true) + (backward ? fl::multihead_backward(1, N, C, h, h, D, true) : 0));
+        });
+        add("Attention" + tag, [=](benchmark::State& state) {
+          const policy::cuda p = policy_with(a);
+          Attention<T, D, policy::cuda> layer({.d_model = s.C, .heads = 2 * s.h, .kv_heads = 2 * s.h}, p);
+          run_module(state, layer, p, s.N, s.C, backward,
+                     fl::baseline_forward(1, N, C, 2 * h, 2 * h, D, true) +
+                         (backward ? fl::baseline_backward(1, N, C, 2 * h, 2 * h, D, true) : 0));
+        });
+        add("DecoderLayer" + tag, [=](benchmark::State& state) {
+          const policy::cuda p = policy_with(a);
+          DecoderLayer<T, D, policy::cuda> layer({{.d_model = s.C, .heads = s.h, .kv_heads = s.h}, s.F}, p);
+          run_module(state, layer, p, s.N, s.C, backward,
+                     fl::decoder_forward(1, N, C, h, h, D, F, true) +
+                         (backward ? fl::decoder_backward(1, N, C, h, h, D, F, true) : 0));
+        });
+        // The matched baseline layer (2h standard heads of D): the paper's Table 7 compares the two layers' tokens/s.
+        add("BaselineLayer" + tag, [=](benchmark::State& state) {
+          const policy::cuda p = policy_with(a);
+          BaselineLayer<T, D, policy::cuda> layer({{.d_model = s.C, .heads = 2 * s.h, .kv_heads = 2 * s.h}, s.F}, p);
+          run_module(state, layer, p, s.N, s.C, backward,
+                     fl::baseline_forward(1, N, C, 2 * h, 2 * h, D, true) +
+                         (backward ? fl::baseline_backward(1, N, C, 2 * h, 2 * h, D, true) : 0) + ffn);
+        });
+      }
     }
 }
 

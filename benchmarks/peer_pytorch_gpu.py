@@ -23,6 +23,7 @@ Writes docs/benchmarks_gpu.json and prints the Markdown tables for
 docs/benchmarks.md. Run from the repository root on the GPU machine:
 
     python3 benchmarks/peer_pytorch_gpu.py [--binary build/release/benchmarks/difftx_cuda_bench]
+        [--backends flash cudnn]   (fewer SDPA backends: the whole run takes over 8 minutes on an H100)
 
 With --decode it times PyTorch alone: one cached decode step (C = 3072, h = 12,
 D = 128, bfloat16, the cache already filled to --context tokens, batches 1 and
@@ -356,16 +357,42 @@ def run_decode(args):
               if r["step_ms"] is not None else f"n/a ({r['error']}) | n/a |"))
 
 
-def run_difftx(binary):
-    out = subprocess.run([binary, "--benchmark_format=json"], check=True, capture_output=True, text=True)
-    return {b["name"].replace("/manual_time", ""): b for b in json.loads(out.stdout)["benchmarks"]}
+def run_difftx(binary, saved):
+    """difftx_cuda_bench's results: run now, or read from its earlier --benchmark_out JSON (`saved`)."""
+    if saved:
+        with open(saved) as f:
+            results = json.load(f)
+    else:
+        out = subprocess.run([binary, "--benchmark_format=json"], check=True, capture_output=True, text=True)
+        results = json.loads(out.stdout)
+    return {b["name"].replace("/manual_time", ""): b for b in results["benchmarks"]}
+
+
+def print_attention_ops(ours, attention):
+    """The differential op against standard attention (2h heads of D) over N, on each attention path built."""
+    print("\n### The attention op alone (h = 12, D = 128, bfloat16, causal), TFLOP/s counting both maps\n")
+    print("| N | pass | " + " | ".join(f"diff op ({a}) | standard op ({a})" for a in attention) +
+          " | diff / standard (" + attention[-1] + ") |")
+    print("|---:|---|" + "---:|" * (2 * len(attention) + 1))
+    for n in (2048, 4096, 8192, 16384):
+        for key in ("forward", "forward_backward"):
+            cells, last = [], None
+            for a in attention:
+                tag = f"/cuda/bfloat16/{key}/C:3072/N:{n}/attention:{a}"
+                diff, std = ours.get("op:diff_attention" + tag), ours.get("op:attention" + tag)
+                cells += [f"{diff['TFLOP/s']:.0f}" if diff else "n/a", f"{std['TFLOP/s']:.0f}" if std else "n/a"]
+                last = diff["TFLOP/s"] / std["TFLOP/s"] if diff and std else None
+            print(f"| {n} | {key} | " + " | ".join(cells) + (f" | {last:.0%} |" if last else " | n/a |"))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", default="build/release/benchmarks/difftx_cuda_bench")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--difftx-json", help="read difftx_cuda_bench's results from this --benchmark_out file instead")
     ap.add_argument("--out", default="docs")
+    ap.add_argument("--backends", nargs="+", default=["flash", "efficient", "cudnn", "math"],
+                    choices=["flash", "efficient", "cudnn", "math"], help="the SDPA backends timed (default: all)")
     ap.add_argument("--decode", action="store_true", help="only time PyTorch's cached decode step (checked first)")
     ap.add_argument("--context", type=int, default=4096, help="--decode: tokens already in the cache")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="--decode: batch sizes")
@@ -380,18 +407,20 @@ def main():
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
 
-    ours = run_difftx(args.binary)
+    ours = run_difftx(args.binary, args.difftx_json)
+    # the tables below use cuDNN's attention where the binary was built with it (policy::cuda's default then)
+    attention = ["difftx"] + (["cudnn"] if any(k.endswith("/attention:cudnn") for k in ours) else [])
     rows = []
     for c, h, n, f in SHAPES:
         row = {"C": c, "h": h, "N": n}
         for backward, key in ((False, "forward"), (True, "forward_backward")):
-            tag = f"/cuda/bfloat16/{key}/C:{c}/N:{n}"
-            for name in ("op:diff_attention", "op:attention", "MultiHead", "Attention", "DecoderLayer"):
+            tag = f"/cuda/bfloat16/{key}/C:{c}/N:{n}/attention:{attention[-1]}"
+            for name in ("op:diff_attention", "op:attention", "MultiHead", "Attention", "DecoderLayer", "BaselineLayer"):
                 entry = ours.get(name + tag)
                 row[f"difftx_{name}_{key}_ms"] = entry["real_time"] if entry else None
                 row[f"difftx_{name}_{key}_tflops"] = entry.get("TFLOP/s", 0) if entry else None  # the counter is in TFLOP/s
             row[f"naive_{key}_ms"] = time_module(DiffMultiHead(c, h, "naive").cuda().to(DT), c, n, backward, args.repeats)
-            for bname, backend in backends.items():
+            for bname, backend in ((b, backends[b]) for b in args.backends):
                 for recipe in ("sdpa", "sdpa4"):
                     row[f"{recipe}-{bname}_{key}_ms"] = time_module(
                         DiffMultiHead(c, h, recipe, backend).cuda().to(DT), c, n, backward, args.repeats)
@@ -416,10 +445,11 @@ def main():
         return f"{v:.2f}" if isinstance(v, float) else (v or "n/a")
 
     print(f"GPU: {machine['gpu']}, PyTorch {machine['torch']} (CUDA {machine['cuda']}), bfloat16, causal, "
-          f"{machine['date']}; medians in ms\n")
+          f"{machine['date']}; medians in ms; difftx's attention on {attention[-1]}\n")
+    print_attention_ops(ours, attention)
     for key, label in (("forward", "forward"), ("forward_backward", "forward + backward")):
         print(f"\n### MultiHead {label}\n")
-        names = ["naive"] + [f"{r}-{b}" for b in backends for r in ("sdpa", "sdpa4")]
+        names = ["naive"] + [f"{r}-{b}" for b in args.backends for r in ("sdpa", "sdpa4")]
         print("| C | h | N | difftx | " + " | ".join(names) + " | floor (2h heads) | difftx / best | difftx / floor |")
         print("|" + "---:|" * (6 + len(names) + 1))
         for r in rows:
@@ -430,13 +460,16 @@ def main():
                   f" | {ms(r[f'floor_{key}_ms'])} | {best / mine:.2f}x | {mine / r[f'floor_{key}_ms']:.2f}x |"
                   if isinstance(mine, float) else "")
     print("\n### DecoderLayer (3B shape) and the fused attention op\n")
-    print("| C | N | pass | difftx layer ms | PyTorch eager layer ms | ratio | fused diff attention TFLOP/s |")
-    print("|---:|---:|---|---:|---:|---:|---:|")
+    print("| C | N | pass | difftx layer ms | PyTorch eager layer ms | ratio | diff layer / baseline layer tokens/s |"
+          " diff attention TFLOP/s |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         for key in ("forward", "forward_backward"):
             mine, theirs = r[f"difftx_DecoderLayer_{key}_ms"], r[f"pytorch_decoder_layer_{key}_ms"]
             ratio = f"{theirs / mine:.2f}x" if isinstance(mine, float) and isinstance(theirs, float) else "n/a"
-            print(f"| {r['C']} | {r['N']} | {key} | {ms(mine)} | {ms(theirs)} | {ratio} | "
+            base = r[f"difftx_BaselineLayer_{key}_ms"]
+            table7 = f"{base / mine:.0%}" if isinstance(mine, float) and isinstance(base, float) else "n/a"
+            print(f"| {r['C']} | {r['N']} | {key} | {ms(mine)} | {ms(theirs)} | {ratio} | {table7} | "
                   f"{ms(r[f'difftx_op:diff_attention_{key}_tflops'])} |")
 
 

@@ -36,7 +36,7 @@ struct bench_options {
   index_t context = 0;
   int repeats = 10, threads = 0;
   std::string bf16_product = "automatic";  // module_spec::bf16_product
-  std::string cuda_attention = "difftx";   // module_spec::cuda_attention
+  std::string cuda_attention = module_spec{}.cuda_attention;
   std::string model;  // --model: a language model's prefill and decode instead
   index_t new_tokens = 32;
   int logit_bits = 16;                                  // low-bit inference (low_bit_options.cpp)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <difftx/io/tensor_file.hpp>
+#include <difftx/policy/cuda/attention_path.hpp>
 #include <difftx/ops/int8.hpp>
 
 namespace difftx::cli {
@@ -33,8 +34,9 @@ struct module_spec {
   // simd: the path of bfloat16 matrix products, policy::simd::bf16_products
   // by name (automatic, converting, dot_instructions).
   std::string bf16_product = "automatic";
-  // cuda: whose attention kernels run, policy::cuda::attention by name (difftx, cudnn).
-  std::string cuda_attention = "difftx";
+  // cuda: whose attention kernels run, policy::cuda::attention by name
+  // (difftx, cudnn); the policy's default, cuDNN's where this tool was built with it.
+  std::string cuda_attention = built_with_cudnn ? "cudnn" : "difftx";
   int logit_bits = 16;  // attention logits quantized to this many bits (16: not at all)
   inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys
 };

@@ -22,7 +22,8 @@
 //   K_m  in k [B, N, G, Maps, d]:  (N·G·Maps·d, Maps·d, G·Maps·d, 1)
 //   V    in v [B, N, G, dv]:       (N·G·dv,     dv,     G·dv,     1)
 //   O    in o [B, N, H, dv]:       (N·H·dv,     dv,     H·dv,     1)
-//   Stats_m in lse [B, H, Maps, N] as [B, H, N, 1]: (H·Maps·N, Maps·N, 1, 1)
+//   Stats_m in lse [B, H, Maps, N] as [B, H, N, 1]: (H·Maps·N, Maps·N, 1, 1) forward,
+//           packed (H·N, N, 1, 1) in the backward (a copy per map where Maps = 2)
 //
 // Graphs are built once per shape and kept in the policy's context with the
 // workspace size they need (plan_cache.hpp). Compiled only where CMake found
@@ -125,7 +126,12 @@ inline std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(co
     const std::vector<std::int64_t> k_dim{B, G, N, d}, k_stride{N * G * M * d, M * d, G * M * d, 1};
     const std::vector<std::int64_t> v_dim{B, G, N, dv}, v_stride{N * G * dv, dv, G * dv, 1};
     const std::vector<std::int64_t> o_dim{B, H, N, dv}, o_stride{N * H * dv, dv, H * dv, 1};
-    const std::vector<std::int64_t> stats_dim{B, H, N, 1}, stats_stride{H * M * N, M * N, 1, 1};
+    // The forward writes map m's statistics into lse [B, H, Maps, N]; the
+    // backward reads them packed [B, H, N] (cuDNN before 9.26 takes no other
+    // layout there), copied out by cudnn_attention_backward.
+    const std::vector<std::int64_t> stats_dim{B, H, N, 1},
+        stats_stride = key.backward ? std::vector<std::int64_t>{H * N, N, 1, 1}
+                                    : std::vector<std::int64_t>{H * M * N, M * N, 1, 1};
     auto q = tensor("Q", q_uid, q_dim, q_stride), k = tensor("K", k_uid, k_dim, k_stride),
          v = tensor("V", v_uid, v_dim, v_stride);
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -220,14 +226,19 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, c
   auto* mutable_q = const_cast<T*>(q);  // the variant pack takes void*; cuDNN only reads its inputs
   auto* mutable_k = const_cast<T*>(k);
   auto* mutable_v = const_cast<T*>(v);
-  auto* mutable_lse = const_cast<A*>(lse);
-  if constexpr (Maps == 1) {
+  if constexpr (Maps == 1) {  // lse [B, H, 1, N] is already packed
     run_cudnn_graph(p, *graph,
                     {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, const_cast<T*>(o)},
-                     {stats_uid, mutable_lse}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
+                     {stats_uid, const_cast<A*>(lse)}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
   } else {
     Tensor<T, 1> o1({n}, p.memory()), d_o2({n}, p.memory());
     Tensor<T, 1> dv2({static_cast<index_t>(s.B) * s.N * s.G * s.dv}, p.memory());
+    // Each map's rows of lse [B, H, Maps, N], packed [B, H, N] as the graph reads them.
+    Tensor<A, 2> stats({Maps, static_cast<index_t>(s.B) * s.H * s.N}, p.memory());
+    for (int m = 0; m < Maps; ++m)
+      DIFFTX_CUDA_CHECK(cudaMemcpy2DAsync(stats.data() + m * stats.extent(1), s.N * sizeof(A), lse + m * s.N,
+                                          Maps * s.N * sizeof(A), s.N * sizeof(A), static_cast<std::size_t>(s.B) * s.H,
+                                          cudaMemcpyDeviceToDevice, p.stream()));
     {
       DT *o1p = device_pointer(o1.data()), *d_o2p = device_pointer(d_o2.data());
       const DT *op = device_pointer(o), *o2p = device_pointer(o2), *dop = device_pointer(d_o);
@@ -238,10 +249,10 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, c
     }
     run_cudnn_graph(p, *graph,
                     {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, o1.data()},
-                     {stats_uid, mutable_lse}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
+                     {stats_uid, stats.data()}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
     run_cudnn_graph(p, *graph,
                     {{q_uid, mutable_q + s.d}, {k_uid, mutable_k + s.d}, {v_uid, mutable_v}, {o_uid, const_cast<T*>(o2)},
-                     {stats_uid, mutable_lse + s.N}, {d_o_uid, d_o2.data()}, {dq_uid, dq + s.d}, {dk_uid, dk + s.d},
+                     {stats_uid, stats.data() + stats.extent(1)}, {d_o_uid, d_o2.data()}, {dq_uid, dq + s.d}, {dk_uid, dk + s.d},
                      {dv_uid, dv2.data()}});
     DT* dvp = device_pointer(dv);
     const DT* dv2p = device_pointer(dv2.data());

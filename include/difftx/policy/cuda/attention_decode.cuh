@@ -179,11 +179,12 @@ __global__ void __launch_bounds__(decode_threads)
       for (int c = 0; c < s.d; ++c) dot += q_row[c] * k_row[c];
       const int t = t0 + lane;
       const bool visible = t < key_end && t <= position(r);
-      const A old_max = row_max[pair];  // read by every lane before the shuffles below, written after them
+      const A old_max = row_max[pair];  // read by every lane, written by lane 0 below
       const A new_max = max_of(old_max, warp_max(visible ? dot : lowest_of<A>()));
       const A prob = visible ? exp_of(dot - new_max) : A(0);  // masked keys: 0 explicitly, never exp(-inf)
       const A tile_sum = warp_sum(prob);
       p_s[pair * decode_tile + lane] = prob;
+      __syncwarp();  // every lane's read of row_max[pair] before lane 0 overwrites it (shuffles do not order memory)
       if (lane == 0) {
         const A factor = exp_of(old_max - new_max);  // 1 while the row has seen no key (both lowest)
         rescale[pair] = factor;

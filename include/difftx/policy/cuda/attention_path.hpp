@@ -1,6 +1,6 @@
 // Which kernels run an attention call on policy::cuda: difftx's own (tensor
 // cores or CUDA cores, attention.cuh) or cuDNN's fused attention
-// (attention_cudnn.cuh), and the opt-in that asks for cuDNN. Host code only,
+// (attention_cudnn.cuh), and the policy's choice between them. Host code only,
 // no CUDA header: the choice is plain logic, tested without a GPU.
 #pragma once
 
@@ -14,10 +14,10 @@ namespace difftx {
 
 namespace policy {
 
-// policy::cuda's `attention`: difftx's own kernels everywhere (the default), or
-// cuDNN's fused attention where it applies (float16/bfloat16, sm_80 and newer,
-// head sizes cuDNN accepts) and difftx's elsewhere. cuDNN's path has not yet run
-// on a GPU, so it is opt-in until it has (issue 27).
+// policy::cuda's `attention`: cuDNN's fused attention where it applies
+// (float16/bfloat16, sm_80 and newer, shapes cuDNN accepts) and difftx's
+// elsewhere (the default in a build with cuDNN), or difftx's own kernels
+// everywhere (the default without it).
 enum class cuda_attention : std::uint8_t { difftx, cudnn };
 
 }  // namespace policy

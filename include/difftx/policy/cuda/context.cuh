@@ -116,8 +116,9 @@ struct cuda_context {
   std::size_t workspace_bytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
   std::unique_ptr<device_memory_resource> memory;
   // Products' plans built once per key and kept (linear.cuh), instead of
-  // rebuilt on every call. Off by default until it has run on a GPU (issue 27).
-  bool keep_matmul_plans = false;
+  // rebuilt on every call; false rebuilds them each time (a context shared by
+  // very many shapes that should not keep a plan for each).
+  bool keep_matmul_plans = true;
   cuda_detail::plan_cache<cuda_detail::matmul_key, cuda_detail::matmul_plan> matmul_plans;
   int compute_major = 0;  // the device's compute capability, major number
   // What ran each attention call (attention_path), for `difftx bench` and the tests.

@@ -22,9 +22,10 @@ struct cuda {
                                    std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
 
   std::shared_ptr<cuda_context> context = cuda_context::for_current_device();
-  // Whose kernels run attention (attention_path.hpp): difftx's own, or cuDNN's
-  // fused attention where it applies (opt-in until it has run on a GPU).
-  cuda_attention attention = cuda_attention::difftx;
+  // Whose kernels run attention (attention_path.hpp): cuDNN's fused attention
+  // where it applies, in a build with cuDNN (difftx's own elsewhere), or
+  // difftx's own everywhere.
+  cuda_attention attention = built_with_cudnn ? cuda_attention::cudnn : cuda_attention::difftx;
 
   memory_resource& memory() const noexcept { return *context->memory; }
   cudaStream_t stream() const noexcept { return context->stream; }
