@@ -9,6 +9,7 @@
 // benchmarks/peer_pytorch_gpu.py runs this binary and PyTorch side by side.
 #include <benchmark/benchmark.h>
 
+#include <array>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -88,21 +89,18 @@ void run_attention_op(benchmark::State& state, const policy::cuda& p, index_t he
   Tensor<T, 5> dq(q.shape(), p.memory()), dk(k.shape(), p.memory());
   Tensor<float, 4> lse({1, heads, Maps, n}, p.memory());
   Tensor<float, 1> lambda(Maps == 2 ? shape_t<1>{1} : shape_t<1>{}, p.memory()), dlambda(lambda.shape(), p.memory());
-  attention_forward<Maps>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), true, o.view(), o2.view(),
-                          lse.view());
   time_on_stream(state, p, [&] {
+    attention_forward<Maps>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), true, o.view(),
+                            o2.view(), lse.view());
     if (backward)
       attention_backward<Maps>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), true,
                                o.const_view(), o2.const_view(), lse.const_view(), d_o.const_view(), dq.view(), dk.view(),
                                dv_out.view(), dlambda.view());
-    else
-      attention_forward<Maps>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), true, o.view(),
-                              o2.view(), lse.view());
   });
   const double N = static_cast<double>(n);
   set_counters(state,
-               backward ? fl::attention_backward(1, heads, N, Maps, D, dv, true)
-                        : fl::attention_forward(1, heads, N, Maps, D, dv, true),
+               fl::attention_forward(1, heads, N, Maps, D, dv, true) +
+                   (backward ? fl::attention_backward(1, heads, N, Maps, D, dv, true) : 0),
                N);
 }
 
@@ -133,13 +131,16 @@ void register_all() {
   };
   for (auto a : attention_choices())
     for (bool backward : {false, true}) {
-      // The attention op alone at h = 12 (C = 3072) over N = 2K..16K: the
-      // differential op against standard attention with 2h heads of D.
-      for (index_t n : {2048, 4096, 8192, 16384}) {
-        add("op:diff_attention" + suffix(backward, 3072, n, a),
-            [=](benchmark::State& state) { run_attention_op<2>(state, policy_with(a), 12, n, backward); });
-        add("op:attention" + suffix(backward, 3072, n, a),
-            [=](benchmark::State& state) { run_attention_op<1>(state, policy_with(a), 24, n, backward); });
+      // The attention op alone at h = 12 (C = 3072) over N = 2K..16K and at
+      // the 5120-wide shape: the differential op against standard attention
+      // with 2h heads of D.
+      for (const auto& op_shape : {std::array<index_t, 3>{3072, 12, 2048}, {3072, 12, 4096}, {3072, 12, 8192},
+                                   {3072, 12, 16384}, {5120, 20, 2048}}) {
+        const index_t c = op_shape[0], h = op_shape[1], n = op_shape[2];
+        add("op:diff_attention" + suffix(backward, c, n, a),
+            [=](benchmark::State& state) { run_attention_op<2>(state, policy_with(a), h, n, backward); });
+        add("op:attention" + suffix(backward, c, n, a),
+            [=](benchmark::State& state) { run_attention_op<1>(state, policy_with(a), 2 * h, n, backward); });
       }
       for (const auto& s : shapes) {
         const std::string tag = suffix(backward, s.C, s.N, a);

@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -365,7 +366,7 @@ def run_difftx(binary, saved):
     else:
         out = subprocess.run([binary, "--benchmark_format=json"], check=True, capture_output=True, text=True)
         results = json.loads(out.stdout)
-    return {b["name"].replace("/manual_time", ""): b for b in results["benchmarks"]}
+    return {re.sub(r"/iterations:\d+|/manual_time", "", b["name"]): b for b in results["benchmarks"]}
 
 
 def print_attention_ops(ours, attention):

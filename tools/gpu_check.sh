@@ -10,15 +10,24 @@
 # STEP is any of tests, memcheck, racecheck, bench (default: all four, in that
 # order). Each command's whole output goes to LOG_DIR/<name>.log; the summary
 # printed last has one line per command: its exit status and seconds. Steps
-# run on after a failure, so one call reports everything.
+# run on after a failure, so one call reports everything; the script exits 1
+# if any command failed.
 set -uo pipefail
 build=${1:?usage: tools/gpu_check.sh BUILD_DIR LOG_DIR [tests|memcheck|racecheck|bench]...}
 logs=${2:?usage: tools/gpu_check.sh BUILD_DIR LOG_DIR [tests|memcheck|racecheck|bench]...}
 shift 2
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests memcheck racecheck bench)
+for step in "${steps[@]}"; do  # before any device time is spent
+  case $step in
+    tests | memcheck | racecheck | bench) ;;
+    *) echo "gpu_check: unknown step '$step' (tests, memcheck, racecheck, bench)" >&2; exit 2 ;;
+  esac
+done
+repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$logs"
 summary=()
+failed=0
 
 run() {  # run NAME COMMAND...: logs to LOG_DIR/NAME.log, one summary line
   local name=$1 start=$SECONDS status
@@ -26,6 +35,7 @@ run() {  # run NAME COMMAND...: logs to LOG_DIR/NAME.log, one summary line
   echo "== $name: $*"
   "$@" >"$logs/$name.log" 2>&1
   status=$?
+  [ "$status" -ne 0 ] && failed=1
   tail -n 8 "$logs/$name.log"
   summary+=("$(printf '%-22s exit %3d  %5ds' "$name" "$status" $((SECONDS - start)))")
 }
@@ -54,10 +64,10 @@ for step in "${steps[@]}"; do
       run bench_simd_cuda "$build/tools/difftx" bench --policy simd,cuda --module decoder_layer --batch 1 --seq 2048 \
         --d-model 3072 --heads 12 --dtype bfloat16 --backward --repeats 3
       # PyTorch's recipes beside those results: the tables for docs/benchmarks.md, and LOG_DIR/benchmarks_gpu.json
-      PYTHONUNBUFFERED=1 run peer_pytorch_gpu python3 benchmarks/peer_pytorch_gpu.py \
+      PYTHONUNBUFFERED=1 run peer_pytorch_gpu python3 "$repo/benchmarks/peer_pytorch_gpu.py" \
         --difftx-json "$logs/cuda_bench.json" --backends flash cudnn --out "$logs"
       ;;
-    *) echo "gpu_check: unknown step '$step' (tests, memcheck, racecheck, bench)" >&2; exit 2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
+exit "$failed"

@@ -38,8 +38,7 @@ template <class T>
 constexpr bool blas_in_double = std::is_same_v<T, double>;
 
 // The plan of a product: built for its key, and kept in the context
-// (plan_cache.hpp) where the context keeps plans (off until that has run on a
-// GPU: context.cuh).
+// (plan_cache.hpp) where the context keeps plans (its default: context.cuh).
 template <class T>
 std::shared_ptr<const matmul_plan> lt_plan(const policy::cuda& p, const matmul_key& key) {
   auto build = [&] {
