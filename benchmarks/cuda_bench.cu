@@ -111,12 +111,6 @@ std::vector<policy::cuda_attention> attention_choices() {
   return {policy::cuda_attention::difftx};
 }
 
-policy::cuda policy_with(policy::cuda_attention attention) {
-  policy::cuda p;
-  p.attention = attention;
-  return p;
-}
-
 void register_all() {
   // A fixed iteration count: Google Benchmark then runs each body once. Left to
   // find its own count, it re-ran the body with every trial count, and with it
@@ -127,7 +121,7 @@ void register_all() {
   };
   auto suffix = [](bool backward, index_t C, index_t N, policy::cuda_attention a) {
     return "/cuda/bfloat16/" + std::string(backward ? "forward_backward" : "forward") + "/C:" + std::to_string(C) +
-           "/N:" + std::to_string(N) + "/attention:" + (a == policy::cuda_attention::cudnn ? "cudnn" : "difftx");
+           "/N:" + std::to_string(N) + "/attention:" + std::string(name_of(a));
   };
   for (auto a : attention_choices())
     for (bool backward : {false, true}) {
@@ -138,29 +132,29 @@ void register_all() {
                                    {3072, 12, 16384}, {5120, 20, 2048}}) {
         const index_t c = op_shape[0], h = op_shape[1], n = op_shape[2];
         add("op:diff_attention" + suffix(backward, c, n, a),
-            [=](benchmark::State& state) { run_attention_op<2>(state, policy_with(a), h, n, backward); });
+            [=](benchmark::State& state) { run_attention_op<2>(state, policy::cuda{.attention = a}, h, n, backward); });
         add("op:attention" + suffix(backward, c, n, a),
-            [=](benchmark::State& state) { run_attention_op<1>(state, policy_with(a), 2 * h, n, backward); });
+            [=](benchmark::State& state) { run_attention_op<1>(state, policy::cuda{.attention = a}, 2 * h, n, backward); });
       }
       for (const auto& s : shapes) {
         const std::string tag = suffix(backward, s.C, s.N, a);
         const double N = static_cast<double>(s.N), C = static_cast<double>(s.C), h = static_cast<double>(s.h),
-                     F = static_cast<double>(s.F), ffn = 3 * (backward ? 3 : 1) * fl::linear_forward(N, F, C);
+                     F = static_cast<double>(s.F);
         add("MultiHead" + tag, [=](benchmark::State& state) {
-          const policy::cuda p = policy_with(a);
+          const policy::cuda p = policy::cuda{.attention = a};
           MultiHead<T, D, policy::cuda> layer({.d_model = s.C, .heads = s.h, .kv_heads = s.h}, p);
           run_module(state, layer, p, s.N, s.C, backward,
                      fl::multihead_forward(1, N, C, h, h, D, true) + (backward ? fl::multihead_backward(1, N, C, h, h, D, true) : 0));
         });
         add("Attention" + tag, [=](benchmark::State& state) {
-          const policy::cuda p = policy_with(a);
+          const policy::cuda p = policy::cuda{.attention = a};
           Attention<T, D, policy::cuda> layer({.d_model = s.C, .heads = 2 * s.h, .kv_heads = 2 * s.h}, p);
           run_module(state, layer, p, s.N, s.C, backward,
                      fl::baseline_forward(1, N, C, 2 * h, 2 * h, D, true) +
                          (backward ? fl::baseline_backward(1, N, C, 2 * h, 2 * h, D, true) : 0));
         });
         add("DecoderLayer" + tag, [=](benchmark::State& state) {
-          const policy::cuda p = policy_with(a);
+          const policy::cuda p = policy::cuda{.attention = a};
           DecoderLayer<T, D, policy::cuda> layer({{.d_model = s.C, .heads = s.h, .kv_heads = s.h}, s.F}, p);
           run_module(state, layer, p, s.N, s.C, backward,
                      fl::decoder_forward(1, N, C, h, h, D, F, true) +
@@ -168,11 +162,11 @@ void register_all() {
         });
         // The matched baseline layer (2h standard heads of D): the paper's Table 7 compares the two layers' tokens/s.
         add("BaselineLayer" + tag, [=](benchmark::State& state) {
-          const policy::cuda p = policy_with(a);
+          const policy::cuda p = policy::cuda{.attention = a};
           BaselineLayer<T, D, policy::cuda> layer({{.d_model = s.C, .heads = 2 * s.h, .kv_heads = 2 * s.h}, s.F}, p);
           run_module(state, layer, p, s.N, s.C, backward,
-                     fl::baseline_forward(1, N, C, 2 * h, 2 * h, D, true) +
-                         (backward ? fl::baseline_backward(1, N, C, 2 * h, 2 * h, D, true) : 0) + ffn);
+                     fl::baseline_layer_forward(1, N, C, 2 * h, 2 * h, D, F, true) +
+                         (backward ? fl::baseline_layer_backward(1, N, C, 2 * h, 2 * h, D, F, true) : 0));
         });
       }
     }

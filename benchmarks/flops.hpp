@@ -67,5 +67,12 @@ inline double decoder_forward(double b, double n, double c, double h, double g, 
 inline double decoder_backward(double b, double n, double c, double h, double g, double D, double f, bool causal) {
   return multihead_backward(b, n, c, h, g, D, causal) + 3 * linear_backward(b * n, f, c);
 }
+// BaselineLayer: the baseline Attention (H heads of D) plus SwiGLU's three projections.
+inline double baseline_layer_forward(double b, double n, double c, double H, double G, double D, double f, bool causal) {
+  return baseline_forward(b, n, c, H, G, D, causal) + 3 * linear_forward(b * n, f, c);
+}
+inline double baseline_layer_backward(double b, double n, double c, double H, double G, double D, double f, bool causal) {
+  return baseline_backward(b, n, c, H, G, D, causal) + 3 * linear_backward(b * n, f, c);
+}
 
 }  // namespace difftx_bench

@@ -119,21 +119,13 @@ void check_all_types(const std::string& label, Make make, const shape_t<3>& shap
 }
 
 // difftx's own attention kernels, also in a build where cuDNN's are the default.
-policy::cuda own_kernels() {
-  policy::cuda p;
-  p.attention = policy::cuda_attention::difftx;
-  return p;
-}
+policy::cuda own_kernels() { return {.attention = policy::cuda_attention::difftx}; }
 
 // Each attention path the build has, with a label: difftx's kernels, and
 // cuDNN's where built (for float16/bfloat16; other types run difftx's on both).
 std::vector<std::pair<std::string, policy::cuda>> attention_paths() {
   std::vector<std::pair<std::string, policy::cuda>> paths{{" (difftx kernels)", own_kernels()}};
-  if (built_with_cudnn) {
-    policy::cuda p;
-    p.attention = policy::cuda_attention::cudnn;
-    paths.emplace_back(" (cuDNN)", p);
-  }
+  if (built_with_cudnn) paths.emplace_back(" (cuDNN)", policy::cuda{.attention = policy::cuda_attention::cudnn});
   return paths;
 }
 
@@ -501,8 +493,7 @@ TEST_CASE("cuda: MultiHead and baseline Attention on cuDNN's attention") {
     MESSAGE("this build has no cuDNN attention (CMake found no cuDNN or no cudnn_frontend.h): not run");
     return;
   }
-  policy::cuda p;
-  p.attention = policy::cuda_attention::cudnn;
+  const policy::cuda p{.attention = policy::cuda_attention::cudnn};
   auto& calls = p.context->attention_calls;
   auto count = [&](attention_path path) { return calls[static_cast<std::size_t>(path)].load(); };
   const long long own_before = count(attention_path::tensor_cores) + count(attention_path::cuda_cores),

@@ -36,7 +36,7 @@ struct module_spec {
   std::string bf16_product = "automatic";
   // cuda: whose attention kernels run, policy::cuda::attention by name
   // (difftx, cudnn); the policy's default, cuDNN's where this tool was built with it.
-  std::string cuda_attention = built_with_cudnn ? "cudnn" : "difftx";
+  std::string cuda_attention{name_of(default_cuda_attention)};
   int logit_bits = 16;  // attention logits quantized to this many bits (16: not at all)
   inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys
 };

@@ -244,8 +244,10 @@ inline MultiHeadConfig multihead_config(const module_spec& s, index_t layer_offs
 template <class Policy>
 Policy make_policy(const module_spec& s) {
   Policy policy{};
-  if constexpr (requires { policy.attention; })
-    policy.attention = s.cuda_attention == "cudnn" ? decltype(policy.attention)::cudnn : decltype(policy.attention)::difftx;
+  if constexpr (requires { policy.attention; }) {
+    using choice = decltype(policy.attention);
+    policy.attention = s.cuda_attention == name_of(choice::cudnn) ? choice::cudnn : choice::difftx;
+  }
   if constexpr (requires { policy.threads; })
     if (s.threads > 0) policy.threads = s.threads;
   if constexpr (requires { policy.bf16_products; }) {

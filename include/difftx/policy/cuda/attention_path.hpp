@@ -43,6 +43,15 @@ inline constexpr bool built_with_cudnn = true;
 inline constexpr bool built_with_cudnn = false;
 #endif
 
+// policy::cuda's default: cuDNN's attention in a build with it, difftx's otherwise.
+inline constexpr policy::cuda_attention default_cuda_attention =
+    built_with_cudnn ? policy::cuda_attention::cudnn : policy::cuda_attention::difftx;
+
+// The choice by name, as `difftx bench --cuda-attention` and the benchmarks spell it.
+constexpr std::string_view name_of(policy::cuda_attention attention) {
+  return attention == policy::cuda_attention::cudnn ? "cudnn" : "difftx";
+}
+
 namespace cuda_detail {
 
 // difftx's own choice: tensor cores (mma.sync) for float16/bfloat16 at d = 64 or 128, CUDA cores otherwise.

@@ -25,7 +25,7 @@ struct cuda {
   // Whose kernels run attention (attention_path.hpp): cuDNN's fused attention
   // where it applies, in a build with cuDNN (difftx's own elsewhere), or
   // difftx's own everywhere.
-  cuda_attention attention = built_with_cudnn ? cuda_attention::cudnn : cuda_attention::difftx;
+  cuda_attention attention = default_cuda_attention;
 
   memory_resource& memory() const noexcept { return *context->memory; }
   cudaStream_t stream() const noexcept { return context->stream; }
