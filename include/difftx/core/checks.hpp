@@ -1,10 +1,17 @@
 // Argument checks shared by every public entry. Each throws input_error naming
 // the entry, the argument, what was expected and what came; none writes anything.
+//
+// The checks run on every call, a decode step's a few hundred times, so a
+// message costs nothing until a check fails: require takes each part as text
+// or as a callable that builds it ([&] { return "shape " + shape_string(s); }),
+// called only then.
 #pragma once
 
 #include <cmath>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "difftx/core/error.hpp"
 #include "difftx/core/scalar_traits.hpp"
@@ -12,29 +19,45 @@
 
 namespace difftx {
 
-inline void require(bool ok, std::string_view where, std::string_view argument, const std::string& expected,
-                    const std::string& got) {
-  if (!ok) throw input_error(std::string(where), std::string(argument), expected, got);
+namespace detail {
+// A message part as text: itself, or what the callable builds.
+template <class Part>
+std::string message_part(Part&& part) {
+  if constexpr (std::is_invocable_v<Part&>)
+    return std::string(part());
+  else
+    return std::string(std::forward<Part>(part));
+}
+}  // namespace detail
+
+// Throws input_error(where, argument, expected, got) unless ok; expected and
+// got are text or callables returning it.
+template <class Expected, class Got>
+void require(bool ok, std::string_view where, std::string_view argument, Expected&& expected, Got&& got) {
+  if (ok) [[likely]]
+    return;
+  throw input_error(std::string(where), std::string(argument), detail::message_part(expected),
+                    detail::message_part(got));
 }
 
 template <class T, std::size_t Rank>
 void require_shape(std::string_view where, std::string_view argument, const TensorView<T, Rank>& view,
                    const shape_t<Rank>& expected) {
-  require(view.shape() == expected, where, argument, "shape " + shape_string(expected),
-          shape_string(view.shape()));
+  require(view.shape() == expected, where, argument, [&] { return "shape " + shape_string(expected); },
+          [&] { return shape_string(view.shape()); });
 }
 
 template <class T, std::size_t Rank>
 void require_nonempty(std::string_view where, std::string_view argument, const TensorView<T, Rank>& view) {
   require(!view.empty() && view.data() != nullptr, where, argument, "a non-empty tensor",
-          "shape " + shape_string(view.shape()) + (view.data() ? "" : " with no data"));
+          [&] { return "shape " + shape_string(view.shape()) + (view.data() ? "" : " with no data"); });
 }
 
 template <class T, std::size_t Rank>
 void require_space(std::string_view where, std::string_view argument, const TensorView<T, Rank>& view,
                    memory_space space) {
-  require(view.space() == space, where, argument, std::string(to_string(space)) + " memory",
-          std::string(to_string(view.space())) + " memory");
+  require(view.space() == space, where, argument, [&] { return std::string(to_string(space)) + " memory"; },
+          [&] { return std::string(to_string(view.space())) + " memory"; });
 }
 
 // A module input [B, N, C]: non-empty, last axis C, in the policy's memory.
@@ -42,8 +65,8 @@ template <class T>
 void require_tokens(std::string_view where, std::string_view argument, const TensorView<T, 3>& x, index_t width,
                     memory_space space) {
   require_nonempty(where, argument, x);
-  require(x.extent(2) == width, where, argument, "shape [B, N, " + std::to_string(width) + "]",
-          shape_string(x.shape()));
+  require(x.extent(2) == width, where, argument, [&] { return "shape [B, N, " + std::to_string(width) + "]"; },
+          [&] { return shape_string(x.shape()); });
   require_space(where, argument, x, space);
 }
 

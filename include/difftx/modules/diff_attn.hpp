@@ -209,9 +209,7 @@ class DiffAttn {
     require_shape(where, "q", q, q_shape(B, N));
     require_shape(where, "k", k, k_shape(B, N));
     require_shape(where, "v", v, v_shape(B, N));
-    for (const auto& [name, space] : {std::pair{"q", q.space()}, std::pair{"k", k.space()}, std::pair{"v", v.space()}})
-      require(space == policy_.memory().space(), where, name, std::string(to_string(policy_.memory().space())) + " memory",
-              std::string(to_string(space)) + " memory");
+    detail::require_all_in(where, policy_.memory().space(), {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}});
     return {B, N};
   }
 

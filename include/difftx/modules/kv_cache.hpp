@@ -124,7 +124,7 @@ class KVCache {
     for (index_t b = 0; b < shape_.batch; ++b)
       require(lengths_[static_cast<std::size_t>(b)] > 0, where, "cache",
               "a cache a prefill has started (decode continues a prompt)",
-              "sequence " + std::to_string(b) + " empty");
+              [&] { return "sequence " + std::to_string(b) + " empty"; });
     for (index_t b = 0; b < shape_.batch; ++b) require_room(where, b, tokens);
   }
   // For a module using this cache: the layout it expects and inputs for `batch` sequences.
@@ -133,21 +133,25 @@ class KVCache {
     require(s.kv_heads == expected.kv_heads && s.maps == expected.maps && s.head_dim == expected.head_dim &&
                 s.value_dim == expected.value_dim,
             where, "cache",
-            "a cache made by this module (G = " + std::to_string(expected.kv_heads) + ", maps = " +
-                std::to_string(expected.maps) + ", d = " + std::to_string(expected.head_dim) + ", dv = " +
-                std::to_string(expected.value_dim) + ")",
-            "G = " + std::to_string(s.kv_heads) + ", maps = " + std::to_string(s.maps) + ", d = " +
-                std::to_string(s.head_dim) + ", dv = " + std::to_string(s.value_dim));
-    require(s.batch == batch, where, "cache", "a cache of " + std::to_string(batch) + " sequences (the input's)",
-            std::to_string(s.batch) + " sequences");
-    require(this->space() == space, where, "cache", std::string(to_string(space)) + " memory",
-            std::string(to_string(this->space())) + " memory");
+            [&] {
+              return "a cache made by this module (G = " + std::to_string(expected.kv_heads) + ", maps = " +
+                     std::to_string(expected.maps) + ", d = " + std::to_string(expected.head_dim) + ", dv = " +
+                     std::to_string(expected.value_dim) + ")";
+            },
+            [&] {
+              return "G = " + std::to_string(s.kv_heads) + ", maps = " + std::to_string(s.maps) + ", d = " +
+                     std::to_string(s.head_dim) + ", dv = " + std::to_string(s.value_dim);
+            });
+    require(s.batch == batch, where, "cache", [&] { return "a cache of " + std::to_string(batch) + " sequences (the input's)"; },
+            [&] { return std::to_string(s.batch) + " sequences"; });
+    require(this->space() == space, where, "cache", [&] { return std::string(to_string(space)) + " memory"; },
+            [&] { return std::string(to_string(this->space())) + " memory"; });
   }
   void require_room(std::string_view where, index_t b, index_t tokens) const {
     const index_t length = lengths_[static_cast<std::size_t>(b)];
     require(length + tokens <= shape_.capacity, where, "cache",
-            "room for " + std::to_string(tokens) + " more tokens (capacity " + std::to_string(shape_.capacity) + ")",
-            "sequence " + std::to_string(b) + " holding " + std::to_string(length));
+            [&] { return "room for " + std::to_string(tokens) + " more tokens (capacity " + std::to_string(shape_.capacity) + ")"; },
+            [&] { return "sequence " + std::to_string(b) + " holding " + std::to_string(length); });
   }
 
  private:

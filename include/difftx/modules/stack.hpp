@@ -153,8 +153,9 @@ class Stack {
     }
   }
   void require_caches(std::string_view where, const cache_type& cache) const {
-    require(cache.size() == layers_.size(), where, "cache", "one cache per layer (" + std::to_string(layers_.size()) + ")",
-            std::to_string(cache.size()) + " caches");
+    require(cache.size() == layers_.size(), where, "cache",
+            [&] { return "one cache per layer (" + std::to_string(layers_.size()) + ")"; },
+            [&] { return std::to_string(cache.size()) + " caches"; });
   }
 
   std::vector<Module> layers_;

@@ -30,28 +30,31 @@ void check_attention_decode(std::string_view where, memory_space space, const Q&
   static_assert(Maps == 1 || Maps == 2, "difftx: attention has one (standard) or two (differential) maps");
   require_nonempty(where, "q", q);
   const index_t B = q.extent(0), T = q.extent(1), H = q.extent(2), d = q.extent(4);
-  require(q.extent(3) == Maps, where, "q", "shape [B, T, H, " + std::to_string(Maps) + ", d]", shape_string(q.shape()));
+  require(q.extent(3) == Maps, where, "q", [&] { return "shape [B, T, H, " + std::to_string(Maps) + ", d]"; },
+          [&] { return shape_string(q.shape()); });
   require_nonempty(where, "k", k);
   const index_t S = k.extent(1), G = k.extent(2);
   require_shape(where, "k", k, {B, S, G, Maps, d});
-  require(H % G == 0, where, "k", "a group count G dividing the head count H = " + std::to_string(H),
-          "G = " + std::to_string(G));
+  require(H % G == 0, where, "k", [&] { return "a group count G dividing the head count H = " + std::to_string(H); },
+          [&] { return "G = " + std::to_string(G); });
   require_nonempty(where, "v", v);
   require(v.extent(0) == B && v.extent(1) == S && v.extent(2) == G, where, "v",
-          "shape [" + std::to_string(B) + ", " + std::to_string(S) + ", " + std::to_string(G) + ", dv]",
-          shape_string(v.shape()));
+          [&] { return "shape [" + std::to_string(B) + ", " + std::to_string(S) + ", " + std::to_string(G) + ", dv]"; },
+          [&] { return shape_string(v.shape()); });
   require_shape(where, "o", o, {B, T, H, v.extent(3)});
-  require(static_cast<index_t>(lengths.size()) == B, where, "lengths", "one length per sequence (" + std::to_string(B) + ")",
-          std::to_string(lengths.size()));
+  require(static_cast<index_t>(lengths.size()) == B, where, "lengths",
+          [&] { return "one length per sequence (" + std::to_string(B) + ")"; },
+          [&] { return std::to_string(lengths.size()); });
   for (std::size_t b = 0; b < lengths.size(); ++b)
     require(lengths[b] >= T && lengths[b] <= S, where, "lengths",
-            "lengths in [T, S] = [" + std::to_string(T) + ", " + std::to_string(S) + "]",
-            std::to_string(lengths[b]) + " for sequence " + std::to_string(b));
+            [&] { return "lengths in [T, S] = [" + std::to_string(T) + ", " + std::to_string(S) + "]"; },
+            [&] { return std::to_string(lengths[b]) + " for sequence " + std::to_string(b); });
   if constexpr (Maps == 2) {
     require_shape(where, "lambda", lambda, {1});
     require_all_in(where, space, {{"lambda", lambda.space()}});
   } else {
-    require(lambda.empty(), where, "lambda", "an empty tensor for standard attention", shape_string(lambda.shape()));
+    require(lambda.empty(), where, "lambda", "an empty tensor for standard attention",
+            [&] { return shape_string(lambda.shape()); });
   }
   require_all_in(where, space, {{"q", q.space()}, {"k", k.space()}, {"v", v.space()}, {"o", o.space()}});
 }

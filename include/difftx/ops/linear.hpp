@@ -21,8 +21,9 @@ template <class X, class W, class Y>
 void check_linear(std::string_view where, memory_space space, const X& x, const W& w, const Y& y, const char* y_name) {
   require_nonempty(where, "x", x);
   require_nonempty(where, "w", w);
-  require(x.extent(1) == w.extent(1), where, "w", "shape [N, " + std::to_string(x.extent(1)) + "] (x is [M, K])",
-          shape_string(w.shape()));
+  require(x.extent(1) == w.extent(1), where, "w",
+          [&] { return "shape [N, " + std::to_string(x.extent(1)) + "] (x is [M, K])"; },
+          [&] { return shape_string(w.shape()); });
   require_shape(where, y_name, y, {x.extent(0), w.extent(0)});
   require_all_in(where, space, {{"x", x.space()}, {"w", w.space()}, {y_name, y.space()}});
 }

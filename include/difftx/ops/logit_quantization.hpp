@@ -37,10 +37,11 @@ namespace detail {
 template <class A>
 void check_logit_bits(std::string_view where, int bits) {
   require((bits >= 4 && bits <= 8) || bits == logits_unquantized, where, "logit_bits",
-          "4, 5, 6, 7 or 8 bits, or 16 (not quantized)", std::to_string(bits));
+          "4, 5, 6, 7 or 8 bits, or 16 (not quantized)", [&] { return std::to_string(bits); });
   if constexpr (!std::is_floating_point_v<A>)
     require(bits == logits_unquantized, where, "logit_bits",
-            "16 (logit quantization rounds, so it needs float, double or long double arithmetic)", std::to_string(bits));
+            "16 (logit quantization rounds, so it needs float, double or long double arithmetic)",
+            [&] { return std::to_string(bits); });
 }
 
 // A module's logit_bits: as check_logit_bits, and 16 on a policy without the paths.

@@ -18,10 +18,11 @@ void check_rope(std::string_view where, memory_space space, const X& x, const ch
                 double theta, double factor) {
   require_nonempty(where, x_name, x);
   require(x.extent(3) % 2 == 0, where, x_name, "an even vector size d (interleaved pairs)",
-          "d = " + std::to_string(x.extent(3)));
-  require(offset >= 0, where, "offset", "a position offset >= 0", std::to_string(offset));
-  require(theta > 0, where, "theta", "theta > 0", std::to_string(theta));
-  require(factor > 0 && std::isfinite(factor), where, "factor", "a finite linear scaling factor > 0", std::to_string(factor));
+          [&] { return "d = " + std::to_string(x.extent(3)); });
+  require(offset >= 0, where, "offset", "a position offset >= 0", [&] { return std::to_string(offset); });
+  require(theta > 0, where, "theta", "theta > 0", [&] { return std::to_string(theta); });
+  require(factor > 0 && std::isfinite(factor), where, "factor", "a finite linear scaling factor > 0",
+          [&] { return std::to_string(factor); });
   require_all_in(where, space, {{x_name, x.space()}});
 }
 

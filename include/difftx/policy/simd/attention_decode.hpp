@@ -14,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <span>
@@ -40,30 +41,40 @@ constexpr index_t cache_block = 256;  // keys per work item: a few items per thr
 // float16/bfloat16 a converted copy of the block costs more than the reading).
 constexpr index_t gemv_rows = 4;
 
-// out[c] = Σ_t p[t] · V(t, c) for c < dv, V's row t at v_first + t·stride (T,
-// or int8): four vectors of out held in registers while the rows stream past.
-template <class A, class T>
-void weighted_sum_of_rows(const A* p, const T* v_first, index_t stride, index_t keys, index_t dv, A* out) {
+// out[m][c] = Σ_t p[m][t] · V(t, c) for c < dv and each of the Maps maps, V's
+// row t at v_first + t·stride (T, or int8): the rows stream past once for
+// every map (a differential head's two maps share V), four vectors of each
+// map's out held in registers.
+template <int Maps, class A, class T>
+void weighted_sums_of_rows(const std::array<const A*, Maps>& p, const T* v_first, index_t stride, index_t keys,
+                           index_t dv, const std::array<A*, Maps>& out) {
   using V = vec<A>;
   constexpr index_t W = V::size;
   auto columns = [&](auto vectors, index_t c0) {
     constexpr index_t NV = decltype(vectors)::value;
-    V acc[NV];
-    for (auto& a : acc) a = V(A(0));
+    V acc[Maps][NV];
+    for (auto& map_acc : acc)
+      for (auto& a : map_acc) a = V(A(0));
     for (index_t t = 0; t < keys; ++t) {
-      const V pv(p[t]);
-      for (index_t v = 0; v < NV; ++v) acc[v] = xsimd::fma(pv, load_row_as<A>(v_first + t * stride + c0 + v * W), acc[v]);
+      V row[NV];
+      for (index_t v = 0; v < NV; ++v) row[v] = load_row_as<A>(v_first + t * stride + c0 + v * W);
+      for (index_t m = 0; m < Maps; ++m) {
+        const V pv(p[m][t]);
+        for (index_t v = 0; v < NV; ++v) acc[m][v] = xsimd::fma(pv, row[v], acc[m][v]);
+      }
     }
-    for (index_t v = 0; v < NV; ++v) acc[v].store_unaligned(out + c0 + v * W);
+    for (index_t m = 0; m < Maps; ++m)
+      for (index_t v = 0; v < NV; ++v) acc[m][v].store_unaligned(out[m] + c0 + v * W);
   };
   index_t c0 = 0;
   for (; c0 + 4 * W <= dv; c0 += 4 * W) columns(std::integral_constant<index_t, 4>{}, c0);
   for (; c0 + W <= dv; c0 += W) columns(std::integral_constant<index_t, 1>{}, c0);
-  for (; c0 < dv; ++c0) {
-    A x(0);
-    for (index_t t = 0; t < keys; ++t) x += p[t] * static_cast<A>(v_first[t * stride + c0]);
-    out[c0] = x;
-  }
+  for (; c0 < dv; ++c0)
+    for (index_t m = 0; m < Maps; ++m) {
+      A x(0);
+      for (index_t t = 0; t < keys; ++t) x += p[m][t] * static_cast<A>(v_first[t * stride + c0]);
+      out[m][c0] = x;
+    }
 }
 
 // What one key block leaves for each of its query rows and maps.
@@ -76,6 +87,21 @@ struct decode_partials {
   A* sum_at(index_t item, index_t m) { return sum.data() + (item * 2 + m) * rows; }
   A* acc_at(index_t item, index_t m) { return acc.data() + ((item * 2 + m) * rows) * dv; }
 };
+
+// Query row `row` of every map: its probabilities in s[m] (rows of
+// cache_block) and its P·V in acc[m] (rows of dv).
+template <std::size_t Maps, class A>
+std::array<const A*, Maps> probability_rows(const std::array<row_matrix<A>, Maps>& s, index_t row) {
+  std::array<const A*, Maps> p;
+  for (std::size_t m = 0; m < Maps; ++m) p[m] = s[m].data() + row * cache_block;
+  return p;
+}
+template <std::size_t Maps, class A>
+std::array<A*, Maps> output_rows(const std::array<A*, Maps>& acc, index_t row, index_t dv) {
+  std::array<A*, Maps> out;
+  for (std::size_t m = 0; m < Maps; ++m) out[m] = acc[m] + row * dv;
+  return out;
+}
 
 // rows x cols values, row t at first + t·stride, as A: in place when T is A
 // (the stride stays), else converted into scratch (the stride becomes cols).
@@ -118,8 +144,9 @@ void query_rows(cview<T, 5> q, const decode_item& it, index_t m, index_t r, accu
 //   Workspace                 a thread's scratch (default-constructed)
 //   scores(ws, item, m, s)    s(row, t) = S_m of query row `row` (token row / r,
 //                             head j·r + row % r) and key t0 + t, t < keys
-//   values(ws, item, m, s, acc) acc[rows][dv] = P_m · V of the block (s, the
-//                             probabilities, may be overwritten)
+//   values(ws, item, s, acc)  acc[m][rows][dv] = P_m · V of the block for
+//                             every map m at once (s[m], the probabilities,
+//                             may be overwritten)
 //   store(b, i, h, out)       out[dv] (A), the result of token i, head h
 // logit_bits != 16 quantizes each row's logits over all its blocks: a first
 // sweep takes every row's largest |logit|.
@@ -156,29 +183,31 @@ void decode_in_blocks(const policy::simd& p, index_t G, index_t new_tokens, inde
     return static_cast<std::size_t>(((it.b * G + it.j) * 2 + m) * rows + row);
   };
 
-  // Every item's score block of every map, on the threads: visit(ws, item, it, m, s) once scores(ws, it, m, s) ran.
+  // Every item's score blocks, on the threads: visit(ws, item, it, s) once
+  // scores(ws, it, m, s[m]) ran for every map m.
   auto over_blocks = [&](auto&& visit) {
 #pragma omp parallel num_threads(thread_count(p))
     {
       single_threaded_eigen();
       Workspace ws;
-      row_matrix<A> s(rows, cache_block);
+      std::array<row_matrix<A>, Maps> s;
+      for (auto& map_scores : s) map_scores.resize(rows, cache_block);
 #pragma omp for schedule(dynamic, 1)
       for (index_t item = 0; item < items; ++item) {
         const decode_item it = locate(item);
-        for (index_t m = 0; m < Maps; ++m) {
-          scores(ws, it, m, s);
-          visit(ws, item, it, m, s);
-        }
+        for (index_t m = 0; m < Maps; ++m) scores(ws, it, m, s[static_cast<std::size_t>(m)]);
+        visit(ws, item, it, s);
       }
     }
   };
 
   if (!grids.empty()) {
     // Each block's largest |logit| per row (in part.max), then the grids.
-    over_blocks([&](Workspace&, index_t item, const decode_item& it, index_t m, row_matrix<A>& s) {
-      for (index_t row = 0; row < rows; ++row)
-        part.max_at(item, m)[row] = detail::largest_magnitude(s.data() + row * cache_block, visible(it, row));
+    over_blocks([&](Workspace&, index_t item, const decode_item& it, std::array<row_matrix<A>, Maps>& s) {
+      for (index_t m = 0; m < Maps; ++m)
+        for (index_t row = 0; row < rows; ++row)
+          part.max_at(item, m)[row] =
+              detail::largest_magnitude(s[static_cast<std::size_t>(m)].data() + row * cache_block, visible(it, row));
     });
     std::vector<A> largest(grids.size(), A(0));  // over the blocks of every (b, j, map, row)
     for (index_t item = 0; item < items; ++item) {
@@ -193,24 +222,28 @@ void decode_in_blocks(const policy::simd& p, index_t G, index_t new_tokens, inde
   }
 
   // Per block and row: its maximum, its sum of exponentials and P·V.
-  over_blocks([&](Workspace& ws, index_t item, const decode_item& it, index_t m, row_matrix<A>& s) {
-    A* row_max_out = part.max_at(item, m);
-    A* row_sum_out = part.sum_at(item, m);
-    for (index_t row = 0; row < rows; ++row) {
-      const index_t seen = visible(it, row);
-      A* p_row = s.data() + row * cache_block;
-      if (!grids.empty()) grids[grid_index(it, m, row)].apply(p_row, seen);
-      const A mx = seen > 0 ? row_max(p_row, seen) : neg_inf;
-      exponentiate_row(p_row, seen, mx);
-      std::fill(p_row + seen, p_row + it.keys, A(0));
-      row_max_out[row] = mx;
-      row_sum_out[row] = sum(p_row, seen);
+  over_blocks([&](Workspace& ws, index_t item, const decode_item& it, std::array<row_matrix<A>, Maps>& s) {
+    std::array<A*, Maps> acc;
+    for (index_t m = 0; m < Maps; ++m) {
+      A* row_max_out = part.max_at(item, m);
+      A* row_sum_out = part.sum_at(item, m);
+      for (index_t row = 0; row < rows; ++row) {
+        const index_t seen = visible(it, row);
+        A* p_row = s[static_cast<std::size_t>(m)].data() + row * cache_block;
+        if (!grids.empty()) grids[grid_index(it, m, row)].apply(p_row, seen);
+        const A mx = seen > 0 ? row_max(p_row, seen) : neg_inf;
+        exponentiate_row(p_row, seen, mx);
+        std::fill(p_row + seen, p_row + it.keys, A(0));
+        row_max_out[row] = mx;
+        row_sum_out[row] = sum(p_row, seen);
+      }
+      acc[static_cast<std::size_t>(m)] = part.acc_at(item, m);
     }
-    values(ws, it, m, s, part.acc_at(item, m));
+    values(ws, it, s, acc);
   });
 
   // Combine the key blocks of every (b, token, head) by log-sum-exp.
-#pragma omp parallel num_threads(thread_count(p))
+#pragma omp parallel num_threads(thread_count(p, items * Maps * rows * dv))
   {
     std::vector<A> out(static_cast<std::size_t>(Maps * dv));
 #pragma omp for schedule(static)
@@ -264,7 +297,6 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
   struct workspace {
     row_matrix<A> q_rows;
     std::vector<A> k_scratch, v_scratch;
-    const A* v_block = nullptr;  // V rows of the item as A, converted for map 0 and reused by map 1
   };
   auto scores = [&](workspace& ws, const decode_item& it, index_t m, row_matrix<A>& s) {
     query_rows<T>(q, it, m, r, scale, ws.q_rows);
@@ -279,16 +311,18 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
       s.leftCols(it.keys).noalias() = ws.q_rows * key_rows.transpose();
     }
   };
-  auto values = [&](workspace& ws, const decode_item& it, index_t m, row_matrix<A>& s, A* acc_first) {
+  auto values = [&](workspace& ws, const decode_item& it, std::array<row_matrix<A>, Maps>& s,
+                    const std::array<A*, Maps>& acc) {
     const T* v_first = v.data() + ((it.b * S + it.t0) * G + it.j) * dv;
-    Eigen::Map<row_matrix<A>> acc(acc_first, rows, dv);
     if (rows <= gemv_rows) {
       for (index_t row = 0; row < rows; ++row)
-        weighted_sum_of_rows(s.data() + row * cache_block, v_first, G * dv, it.keys, dv, acc.data() + row * dv);
+        weighted_sums_of_rows<Maps>(probability_rows(s, row), v_first, G * dv, it.keys, dv, output_rows(acc, row, dv));
     } else {
-      if (m == 0) ws.v_block = rows_as_accum<T>(v_first, it.keys, dv, G * dv, ws.v_scratch);  // both maps use it
-      const strided_rows block(ws.v_block, it.keys, dv, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * dv : dv));
-      acc.noalias() = s.leftCols(it.keys) * block;
+      const strided_rows block(rows_as_accum<T>(v_first, it.keys, dv, G * dv, ws.v_scratch), it.keys, dv,
+                               Eigen::OuterStride<>(std::is_same_v<T, A> ? G * dv : dv));
+      for (index_t m = 0; m < Maps; ++m)
+        Eigen::Map<row_matrix<A>>(acc[static_cast<std::size_t>(m)], rows, dv).noalias() =
+            s[static_cast<std::size_t>(m)].leftCols(it.keys) * block;
     }
   };
   decode_in_blocks<Maps, A, workspace>(
@@ -346,20 +380,22 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, const int8_kv<accum_
       s.leftCols(it.keys).noalias() = ws.q_rows * keys.transpose();
     }
   };
-  auto values = [&](workspace& ws, const decode_item& it, index_t, row_matrix<A>& s, A* acc_first) {
+  auto values = [&](workspace& ws, const decode_item& it, std::array<row_matrix<A>, Maps>& s,
+                    const std::array<A*, Maps>& acc) {
     const std::int8_t* v_first = kv.values8.data() + ((it.b * S + it.t0) * G + it.j) * dv;
     const A* steps = kv.value_steps.data() + (it.b * S + it.t0) * G + it.j;
-    Eigen::Map<row_matrix<A>> acc(acc_first, rows, dv);
     if (rows <= gemv_rows) {
-      for (index_t row = 0; row < rows; ++row) {
-        A* weights = s.data() + row * cache_block;  // p_t · step_t: the probabilities are not needed after this
-        for (index_t t = 0; t < it.keys; ++t) weights[t] *= steps[t * G];
-        weighted_sum_of_rows(weights, v_first, G * dv, it.keys, dv, acc.data() + row * dv);
-      }
+      for (auto& map_scores : s)  // p_t · step_t: the probabilities are not needed after this
+        for (index_t row = 0; row < rows; ++row)
+          for (index_t t = 0; t < it.keys; ++t) map_scores(row, t) *= steps[t * G];
+      for (index_t row = 0; row < rows; ++row)
+        weighted_sums_of_rows<Maps>(probability_rows(s, row), v_first, G * dv, it.keys, dv, output_rows(acc, row, dv));
     } else {
       const strided_rows block(dequantized(v_first, steps, G, it.keys, dv, G * dv, ws.v_scratch), it.keys, dv,
                                Eigen::OuterStride<>(dv));
-      acc.noalias() = s.leftCols(it.keys) * block;
+      for (index_t m = 0; m < Maps; ++m)
+        Eigen::Map<row_matrix<A>>(acc[static_cast<std::size_t>(m)], rows, dv).noalias() =
+            s[static_cast<std::size_t>(m)].leftCols(it.keys) * block;
     }
   };
   decode_in_blocks<Maps, A, workspace>(

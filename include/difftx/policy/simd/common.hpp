@@ -36,6 +36,14 @@ inline int thread_count(const policy::simd& p) noexcept {
   return 1;
 #endif
 }
+// Elementwise work on fewer values than this runs on the calling thread alone:
+// opening a parallel region (waking the team, a barrier at its end) costs more
+// than a decode step's norm, RoPE or residual add of one token (2-8 thousand
+// values), and the 1B model's decode step opened a dozen such regions per layer.
+constexpr index_t parallel_min_values = index_t{1} << 15;
+inline int thread_count(const policy::simd& p, index_t values) noexcept {
+  return values >= parallel_min_values ? thread_count(p) : 1;
+}
 
 // n elements of T as the accumulation type, into out. A bfloat16 is the top
 // half of a float's bits: a shift the compiler vectorises (Eigen's cast goes
@@ -167,11 +175,12 @@ void dots_with_rows(const A* x, const T* first, index_t stride, index_t rows, in
   }
 }
 
-// Runs f(begin, end) over [0, n) in chunks of `chunk` on the policy's threads.
+// Runs f(begin, end) over [0, n) in chunks of `chunk` on the policy's threads
+// (on the calling thread when there is one chunk).
 template <class F>
 void parallel_chunks(const policy::simd& p, index_t n, index_t chunk, F&& f) {
   const index_t chunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for num_threads(thread_count(p)) schedule(static)
+#pragma omp parallel for num_threads(chunks > 1 ? thread_count(p) : 1) schedule(static)
   for (index_t c = 0; c < chunks; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
 }
 

@@ -183,20 +183,23 @@ void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const 
   constexpr bool bf16_floats = std::is_same_v<T, Eigen::bfloat16> && std::is_same_v<A, float>;
   const bool pairs = bf16_floats && K % 2 == 0;
   const index_t x_size = pairs ? split_pairs_size(K) : K;
-  auto& scratch = gemm_scratch<A>::local();  // the calling thread's: x as A, the output as A
+  auto& scratch = gemm_scratch<A>::local();  // the calling thread's: x as A
   scratch.a.resize(static_cast<std::size_t>(M * x_size));
-  scratch.c.resize(static_cast<std::size_t>(M * N));
-  A *const xa = scratch.a.data(), *const out = scratch.c.data();
+  A* const xa = scratch.a.data();
   if (pairs)
     for (index_t i = 0; i < M; ++i) split_pairs(x + i * K, K, xa + i * x_size);
   else
     to_accum(x, M * K, xa);
   for_each_gemv_slice(p, M, N, W, [&](index_t i, index_t j, index_t rows) {
-    if constexpr (bf16_floats)
-      if (pairs) return bf16_pair_dots(xa + i * x_size, w + j * K, K, rows, K, out + i * N + j);
-    dots_with_rows(xa + i * K, w + j * K, K, rows, K, out + i * N + j);
+    A out[W];  // the slice's sums, converted into y on the thread that made them
+    const auto sums = [&] {
+      if constexpr (bf16_floats)
+        if (pairs) return bf16_pair_dots(xa + i * x_size, w + j * K, K, rows, K, out);
+      dots_with_rows(xa + i * K, w + j * K, K, rows, K, out);
+    };
+    sums();
+    from_accum(out, rows, y + i * N + j);
   });
-  from_accum(out, M * N, y);
 }
 
 // C = (C +) A · B with A and B converted to float while they are packed.

@@ -112,13 +112,11 @@ void bf16_pair_gemm(const policy::simd& p, index_t M, index_t N, index_t K, cons
 template <class Kernel>
 void bf16_pair_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const Eigen::bfloat16* x,
                     const Eigen::bfloat16* w, Eigen::bfloat16* y) {
-  auto& scratch = gemm_scratch<float>::local();  // the calling thread's
-  scratch.c.resize(static_cast<std::size_t>(M * N));
-  float* const out = scratch.c.data();
   for_each_gemv_slice(p, M, N, Kernel::dot_rows, [&](index_t i, index_t j, index_t rows) {
-    Kernel::row_dots(x + i * K, w + j * K, K, rows, K, out + i * N + j);
+    float out[Kernel::dot_rows];  // the slice's sums, converted into y on the thread that made them
+    Kernel::row_dots(x + i * K, w + j * K, K, rows, K, out);
+    from_accum(out, rows, y + i * N + j);
   });
-  from_accum(out, M * N, y);
 }
 
 #if DIFFTX_BF16_PAIRS

@@ -33,7 +33,7 @@ void rmsnorm_forward(const policy::simd& p, cview<T, 2> x, cview<T, 1> w, double
   const index_t M = x.extent(0), C = x.extent(1);
   constexpr index_t W = vec<A>::size;
   const std::vector<A> w_scaled = scaled_weight<T>(w, scale);
-#pragma omp parallel num_threads(thread_count(p))
+#pragma omp parallel num_threads(thread_count(p, M * C))
   {
     std::vector<A> in_scratch, out(static_cast<std::size_t>(C));
 #pragma omp for schedule(static)

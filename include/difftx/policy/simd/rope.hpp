@@ -30,7 +30,7 @@ void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, doub
   for (index_t i = 0; i < d / 2; ++i)
     inverse_frequency[static_cast<std::size_t>(i)] =
         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d)) / factor;
-#pragma omp parallel num_threads(thread_count(p))
+#pragma omp parallel num_threads(thread_count(p, x.size()))
   {
     std::vector<A> cosines(static_cast<std::size_t>(d)), sines(static_cast<std::size_t>(d)), scratch(static_cast<std::size_t>(d));
     auto set_pair = [&](index_t i, double c, double s) {
