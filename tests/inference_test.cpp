@@ -161,15 +161,15 @@ TEST_CASE("prefill then decode equals one forward: MultiHead, Attention, layers,
   check_decoding_everywhere("Stack of 2 (D = 6 at run time)", stack_factory{}, 2);
 }
 
-// Heads wide enough for whole vectors (d = 36: vectors plus a tail at any
-// width; values of 72, four vectors at a time plus a tail) over a cache of two
-// blocks with a ragged end: simd's decode loops for a few query rows (steps of
+// Heads wide enough for whole vectors (d = 34: vectors plus a tail at any
+// width; values of 68, four vectors at a time plus a tail at 8 and 16 lanes)
+// over a cache of two blocks with a ragged end: simd's decode loops for a few query rows (steps of
 // 1 and 2 tokens, r = 2; both maps' P·V in one pass over V) and its products
 // for more (a step of 3), in every type.
 struct wide_head_factory {
   template <class T, class P>
   MultiHead<T, dynamic, P> operator()() const {
-    return MultiHead<T, dynamic, P>({C, 2, 1, 2, 10000.0, true, 36});
+    return MultiHead<T, dynamic, P>({C, 2, 1, 2, 10000.0, true, 34});
   }
 };
 

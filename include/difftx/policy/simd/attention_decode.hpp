@@ -35,7 +35,7 @@ namespace simd_detail {
 
 constexpr index_t cache_block = 256;  // keys per work item: a few items per thread at 1k-token caches
 // Up to this many query rows per group, the block is read once per row, in its
-// storage type, by dots_with_rows (scores) and weighted_sum_of_rows (P·V): a
+// storage type, by dots_with_rows (scores) and weighted_sums_of_rows (P·V): a
 // matrix product would pack the whole key (value) block for each call, which
 // costs more than reading the block, from L2, once per row (and for
 // float16/bfloat16 a converted copy of the block costs more than the reading).
