@@ -88,19 +88,29 @@ struct decode_partials {
   A* acc_at(index_t item, index_t m) { return acc.data() + ((item * 2 + m) * rows) * dv; }
 };
 
-// Query row `row` of every map: its probabilities in s[m] (rows of
-// cache_block) and its P·V in acc[m] (rows of dv).
-template <std::size_t Maps, class A>
-std::array<const A*, Maps> probability_rows(const std::array<row_matrix<A>, Maps>& s, index_t row) {
-  std::array<const A*, Maps> p;
-  for (std::size_t m = 0; m < Maps; ++m) p[m] = s[m].data() + row * cache_block;
-  return p;
+// A block's P·V for every map, acc[m][rows][dv] = s[m] · V's `keys` rows,
+// s[m] the probabilities (rows of cache_block). For a few query rows V (T or
+// int8, row t at v_first + t·stride) is read in place, once per row for all
+// maps; for more, block (V's rows as A, converted once per item) multiplies
+// each map's probabilities in Eigen.
+template <int Maps, class A, class T>
+void weighted_sums_per_row(const std::array<row_matrix<A>, Maps>& s, index_t rows, const T* v_first, index_t stride,
+                           index_t keys, index_t dv, const std::array<A*, Maps>& acc) {
+  for (index_t row = 0; row < rows; ++row) {
+    std::array<const A*, Maps> p;
+    std::array<A*, Maps> out;
+    for (std::size_t m = 0; m < Maps; ++m) {
+      p[m] = s[m].data() + row * cache_block;
+      out[m] = acc[m] + row * dv;
+    }
+    weighted_sums_of_rows<Maps>(p, v_first, stride, keys, dv, out);
+  }
 }
-template <std::size_t Maps, class A>
-std::array<A*, Maps> output_rows(const std::array<A*, Maps>& acc, index_t row, index_t dv) {
-  std::array<A*, Maps> out;
-  for (std::size_t m = 0; m < Maps; ++m) out[m] = acc[m] + row * dv;
-  return out;
+template <int Maps, class A, class Block>
+void block_products(const std::array<row_matrix<A>, Maps>& s, index_t keys, const Block& block, index_t rows,
+                    index_t dv, const std::array<A*, Maps>& acc) {
+  for (std::size_t m = 0; m < Maps; ++m)
+    Eigen::Map<row_matrix<A>>(acc[m], rows, dv).noalias() = s[m].leftCols(keys) * block;
 }
 
 // rows x cols values, row t at first + t·stride, as A: in place when T is A
@@ -314,16 +324,13 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
   auto values = [&](workspace& ws, const decode_item& it, std::array<row_matrix<A>, Maps>& s,
                     const std::array<A*, Maps>& acc) {
     const T* v_first = v.data() + ((it.b * S + it.t0) * G + it.j) * dv;
-    if (rows <= gemv_rows) {
-      for (index_t row = 0; row < rows; ++row)
-        weighted_sums_of_rows<Maps>(probability_rows(s, row), v_first, G * dv, it.keys, dv, output_rows(acc, row, dv));
-    } else {
-      const strided_rows block(rows_as_accum<T>(v_first, it.keys, dv, G * dv, ws.v_scratch), it.keys, dv,
-                               Eigen::OuterStride<>(std::is_same_v<T, A> ? G * dv : dv));
-      for (index_t m = 0; m < Maps; ++m)
-        Eigen::Map<row_matrix<A>>(acc[static_cast<std::size_t>(m)], rows, dv).noalias() =
-            s[static_cast<std::size_t>(m)].leftCols(it.keys) * block;
-    }
+    if (rows <= gemv_rows)
+      weighted_sums_per_row<Maps>(s, rows, v_first, G * dv, it.keys, dv, acc);
+    else
+      block_products<Maps>(s, it.keys,
+                           strided_rows(rows_as_accum<T>(v_first, it.keys, dv, G * dv, ws.v_scratch), it.keys, dv,
+                                        Eigen::OuterStride<>(std::is_same_v<T, A> ? G * dv : dv)),
+                           rows, dv, acc);
   };
   decode_in_blocks<Maps, A, workspace>(
       p, G, new_tokens, r, dv, lengths, Maps == 2 ? lambda(0) : A(0), logit_bits, scores, values,
@@ -388,14 +395,12 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, const int8_kv<accum_
       for (auto& map_scores : s)  // p_t · step_t: the probabilities are not needed after this
         for (index_t row = 0; row < rows; ++row)
           for (index_t t = 0; t < it.keys; ++t) map_scores(row, t) *= steps[t * G];
-      for (index_t row = 0; row < rows; ++row)
-        weighted_sums_of_rows<Maps>(probability_rows(s, row), v_first, G * dv, it.keys, dv, output_rows(acc, row, dv));
+      weighted_sums_per_row<Maps>(s, rows, v_first, G * dv, it.keys, dv, acc);
     } else {
-      const strided_rows block(dequantized(v_first, steps, G, it.keys, dv, G * dv, ws.v_scratch), it.keys, dv,
-                               Eigen::OuterStride<>(dv));
-      for (index_t m = 0; m < Maps; ++m)
-        Eigen::Map<row_matrix<A>>(acc[static_cast<std::size_t>(m)], rows, dv).noalias() =
-            s[static_cast<std::size_t>(m)].leftCols(it.keys) * block;
+      block_products<Maps>(s, it.keys,
+                           strided_rows(dequantized(v_first, steps, G, it.keys, dv, G * dv, ws.v_scratch), it.keys, dv,
+                                        Eigen::OuterStride<>(dv)),
+                           rows, dv, acc);
     }
   };
   decode_in_blocks<Maps, A, workspace>(
