@@ -163,9 +163,11 @@ inline void bf16_pair_dots(const float* split, const Eigen::bfloat16* first, ind
   constexpr index_t unroll = 4, step = unroll * 2 * W;
   for (index_t t = 0; t < rows; ++t) {
     V part[unroll];
+    DIFFTX_UNROLL(4)
     for (auto& q : part) q = V(0.0f);
     index_t c = 0;
     for (; c + step <= k_vec; c += step)
+      DIFFTX_UNROLL(4)
       for (index_t u = 0; u < unroll; ++u) pair(t, c + u * 2 * W, part[u]);
     for (; c < k_vec; c += 2 * W) pair(t, c, part[0]);
     out[t] = xsimd::hadd((part[0] + part[1]) + (part[2] + part[3])) + rest(t);

@@ -170,9 +170,11 @@ struct avx512_bf16_pairs_of {
       if (t >= rows) continue;
       const Eigen::bfloat16* row = first + t * stride;
       __m512 part[unroll];
+      DIFFTX_UNROLL(8)
       for (auto& q : part) q = _mm512_setzero_ps();
       index_t c = 0;
       for (; c + step <= k; c += step)
+        DIFFTX_UNROLL(8)
         for (index_t u = 0; u < unroll; ++u)
           part[u] = _mm512_dpbf16_ps(part[u], (__m512bh)_mm512_loadu_si512(x + c + 32 * u),
                                      (__m512bh)_mm512_loadu_si512(row + c + 32 * u));
@@ -181,6 +183,7 @@ struct avx512_bf16_pairs_of {
       if (const __mmask32 in_depth = (__mmask32{1} << (k - c)) - 1; c < k)
         part[1] = _mm512_dpbf16_ps(part[1], (__m512bh)_mm512_maskz_loadu_epi16(in_depth, x + c),
                                    (__m512bh)_mm512_maskz_loadu_epi16(in_depth, row + c));
+      DIFFTX_UNROLL(8)
       for (index_t u = 1; u < unroll; ++u) part[0] = _mm512_add_ps(part[0], part[u]);
       acc[t] = part[0];
     }

@@ -59,22 +59,35 @@ void parallel_blocks(index_t rows, index_t cols, int threads, Block&& block) {
 // after the other (for_each_gemv_slice shares the rows out): Eigen's
 // matrix-vector product reads several rows side by side, which on Zen 4
 // streams slower (the bfloat16 row_dots' comment, gemm_bf16_pairs.hpp).
+// (GCC 12 warns falsely inside xsimd::hadd's AVX-512 shuffles once they are
+// inlined here, bug 105593: an undefined pass-through operand.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 template <class A>
 A streamed_dot(const A* x, const A* row, index_t k) noexcept {
   using V = vec<A>;
   constexpr index_t W = V::size, unroll = 8;
   V part[unroll];
+  DIFFTX_UNROLL(8)
   for (auto& q : part) q = V(A(0));
   index_t c = 0;
   for (; c + unroll * W <= k; c += unroll * W)
+    DIFFTX_UNROLL(8)
     for (index_t u = 0; u < unroll; ++u)
       part[u] = xsimd::fma(V::load_unaligned(x + c + u * W), V::load_unaligned(row + c + u * W), part[u]);
   for (; c + W <= k; c += W) part[0] = xsimd::fma(V::load_unaligned(x + c), V::load_unaligned(row + c), part[0]);
+  DIFFTX_UNROLL(8)
   for (index_t u = 1; u < unroll; ++u) part[0] += part[u];
   A sum = xsimd::hadd(part[0]);
   for (; c < k; ++c) sum += x[c] * row[c];
   return sum;
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 }  // namespace simd_detail
 

@@ -40,6 +40,7 @@ inline std::uint32_t read_through(int threads, std::span<const std::span<const s
       const std::byte* bytes = region.data();
       std::size_t i = begin;
       for (; i + lanes * W * sizeof(word) <= end; i += lanes * W * sizeof(word))
+        DIFFTX_UNROLL(8)
         for (std::size_t l = 0; l < lanes; ++l)
           sums[l] += V::load_unaligned(reinterpret_cast<const word*>(bytes + i) + l * W);
       for (; i < end; ++i) total += static_cast<word>(bytes[i]);
