@@ -53,11 +53,16 @@ void require_nonempty(std::string_view where, std::string_view argument, const T
           [&] { return "shape " + shape_string(view.shape()) + (view.data() ? "" : " with no data"); });
 }
 
+// An argument held in `got` memory where `space` is expected.
+inline void require_memory(std::string_view where, std::string_view argument, memory_space got, memory_space space) {
+  require(got == space, where, argument, [&] { return std::string(to_string(space)) + " memory"; },
+          [&] { return std::string(to_string(got)) + " memory"; });
+}
+
 template <class T, std::size_t Rank>
 void require_space(std::string_view where, std::string_view argument, const TensorView<T, Rank>& view,
                    memory_space space) {
-  require(view.space() == space, where, argument, [&] { return std::string(to_string(space)) + " memory"; },
-          [&] { return std::string(to_string(view.space())) + " memory"; });
+  require_memory(where, argument, view.space(), space);
 }
 
 // A module input [B, N, C]: non-empty, last axis C, in the policy's memory.

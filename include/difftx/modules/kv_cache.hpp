@@ -144,8 +144,7 @@ class KVCache {
             });
     require(s.batch == batch, where, "cache", [&] { return "a cache of " + std::to_string(batch) + " sequences (the input's)"; },
             [&] { return std::to_string(s.batch) + " sequences"; });
-    require(this->space() == space, where, "cache", [&] { return std::string(to_string(space)) + " memory"; },
-            [&] { return std::string(to_string(this->space())) + " memory"; });
+    require_memory(where, "cache", this->space(), space);
   }
   void require_room(std::string_view where, index_t b, index_t tokens) const {
     const index_t length = lengths_[static_cast<std::size_t>(b)];

@@ -33,11 +33,7 @@ accum_t<T> sigmoid(const accum_t<T>& z) {
 // ends with this over the op's tensors, so a policy's entry makes one call.
 inline void require_all_in(std::string_view where, memory_space space,
                            std::initializer_list<std::pair<const char*, memory_space>> arguments) {
-  for (const auto& [name, got_space] : arguments) {
-    const memory_space got = got_space;  // a variable the message's lambda can capture (clang < 16: no bindings)
-    require(got == space, where, name, [&] { return std::string(to_string(space)) + " memory"; },
-            [&] { return std::string(to_string(got)) + " memory"; });
-  }
+  for (const auto& [name, got] : arguments) require_memory(where, name, got, space);
 }
 }  // namespace detail
 
