@@ -104,7 +104,8 @@ def main():
     if os.path.isdir(a.out) and os.listdir(a.out):
         sys.exit(f"make_big_checkpoint: {a.out} is not empty")
     torch.set_num_threads(a.threads)
-    dtype, esize = DTYPES[a.dtype], DTYPES[a.dtype].itemsize
+    dtype = DTYPES[a.dtype]
+    esize = torch.empty((), dtype=dtype).element_size()  # (torch.dtype.itemsize is torch >= 2.1; Debian's is 1.13)
 
     # Assign tensors to shards in order, a new shard when the next tensor would pass the limit.
     tensors, limit = plan(a), int(a.shard_gb * 1e9)
