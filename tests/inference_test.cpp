@@ -378,6 +378,48 @@ TEST_CASE("LanguageModel: prefill and greedy decoding equal the forward's logits
   }
 }
 
+TEST_CASE("LanguageModel with decoding panels: decoding equals the forward's logits, a backward refuses") {
+  // ffn_dim 2100 doubles: down_proj's rows are wider than wide_weight_row_bytes
+  // (16.4 KiB), so it gets panels; the other projections' (16 values) do not.
+  using Layer = DecoderLayer<double, D, policy::simd>;
+  std::vector<Layer> layers;
+  for (index_t l = 0; l < 2; ++l) layers.emplace_back(DecoderLayerConfig{{C, 2, 1, l}, 2100});
+  LanguageModel<Layer> model({11, C}, std::move(layers));
+  random_stream rng(5);
+  model.reset_parameters(rng);
+  Tensor<token_t, 2> tokens({2, 7});
+  for (index_t i = 0; i < tokens.size(); ++i) tokens.data()[i] = static_cast<token_t>((i * 5 + 2) % 11);
+  Tensor<double, 3> logits({2, 7, 11});
+  model.forward(tokens, logits.view());
+
+  model.add_decoding_panels();
+  auto cache = model.make_cache(2, 7);
+  Tensor<token_t, 2> prompt({2, 3});
+  for (index_t b = 0; b < 2; ++b)
+    for (index_t n = 0; n < 3; ++n) prompt(b, n) = tokens(b, n);
+  Tensor<double, 3> prompt_logits({2, 3, 11});
+  model.prefill(prompt, cache, prompt_logits.view());
+  CHECK(part_difference(prompt_logits, logits, 0) <= 1e-12);  // a prompt multiplies W itself
+  for (index_t n = 3; n < 7; ++n) {
+    Tensor<token_t, 2> next({2, 1});
+    for (index_t b = 0; b < 2; ++b) next(b, 0) = tokens(b, n);
+    Tensor<double, 3> step({2, 1, 11});
+    model.decode(next, cache, step.view());
+    CHECK(part_difference(step, logits, n) <= 1e-12);
+  }
+
+  Layer layer(DecoderLayerConfig{{C, 2, 1, 0}, 2100});
+  layer.add_decoding_panels();
+  const auto x = test_support::random_tensor<double, 3>({1, 3, C}, 6);
+  Tensor<double, 3> y(x.shape()), dx(x.shape());
+  Layer::saved_type saved;
+  layer.forward(x, y.view(), saved);
+  test_support::expect_input_error([&] { layer.backward(x, y, saved, dx.view()); }, "DecoderLayer::backward", "weights",
+                                   "W alone", "W and its decoding panels");
+  for (const auto& p : layer.parameters())
+    CHECK(std::all_of(p.grad, p.grad + p.size(), [](double g) { return g == 0; }));
+}
+
 TEST_CASE("inference bad input: documented errors, nothing changed") {
   MultiHead<float, D, policy::simd> module({C, 2});
   MultiHead<float, D, policy::simd> other({C, 2, 1});

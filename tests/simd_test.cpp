@@ -5,6 +5,7 @@
 // Results must not depend on the thread count beyond that tolerance.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -123,6 +124,52 @@ TEST_CASE("simd: float and double linear, decoding's streamed rows among them") 
     check_reduced_linear<float>(M, N, K);
     check_reduced_linear<double>(M, N, K);
   }
+}
+
+// Decoding panels (ops/decoding_panels.hpp): the reference reads them in
+// linear_forward's order (the same bits as from w), simd sums each chunk of
+// panels into a partial y and adds those in chunk order (the same bits for
+// any thread count), within float's and double's forward bars of the exact
+// product. Depths with a ragged last panel, past one chunk (32 panels) and in
+// many; rows with a ragged last block; one to four rows of x.
+template <class T>
+void check_decoding_panels(index_t M, index_t N, index_t K) {
+  using L = long double;
+  const auto x = test_support::random_tensor<T, 2>({M, K}, 21), w = test_support::random_tensor<T, 2>({N, K}, 22);
+  const decoding_panels<T> panels(w.data(), N, K);
+  Tensor<L, 2> y_exact({M, N});
+  linear_forward(policy::reference{}, test_support::convert<L>(x).const_view(), test_support::convert<L>(w).const_view(),
+                 y_exact.view());
+  Tensor<T, 2> y_ref({M, N}), y_ref_panels({M, N}), y_one({M, N});
+  linear_forward(policy::reference{}, x.const_view(), w.const_view(), y_ref.view());
+  linear_forward(policy::reference{}, x.const_view(), panels, y_ref_panels.view());
+  linear_forward(policy::simd{1}, x.const_view(), panels, y_one.view());
+  INFO(scalar_traits<T>::name << " M=" << M << " N=" << N << " K=" << K);
+  CHECK(testing::normwise_difference(y_ref_panels.data(), y_ref.data(), y_ref.size()) == 0.0);
+  CHECK(testing::normwise_difference(y_one.data(), y_exact.data(), y_one.size()) <= testing::tolerance<T>::forward);
+  for (int threads : {2, 3}) {
+    Tensor<T, 2> y({M, N});
+    linear_forward(policy::simd{threads}, x.const_view(), panels, y.view());
+    CHECK(testing::normwise_difference(y.data(), y_one.data(), y.size()) == 0.0);
+  }
+}
+
+TEST_CASE("simd: decoding panels against the reference, the same bits whatever the threads") {
+  for (auto [M, N, K] : {std::array<index_t, 3>{1, 300, 77}, {4, 33, 5000}, {2, 17, 130}, {3, 16, 1}, {1, 1000, 515},
+                         {1, 1, 9}, {4, 5, 263}, {1, 64, 256}}) {
+    check_decoding_panels<float>(M, N, K);
+    check_decoding_panels<double>(M, N, K);
+  }
+  const auto x = test_support::random_tensor<float, 2>({5, 8}, 1), w = test_support::random_tensor<float, 2>({3, 8}, 2);
+  const decoding_panels<float> panels(w.data(), 3, 8);
+  Tensor<float, 2> y({5, 3});
+  test_support::expect_input_error([&] { linear_forward(policy::simd{}, x.const_view(), panels, y.view()); },
+                                   "linear_forward", "x", "at most 4 rows (decoding panels)", "5 rows");
+  Tensor<float, 2> y2({2, 3});
+  const auto x9 = test_support::random_tensor<float, 2>({2, 9}, 3);
+  test_support::expect_input_error([&] { linear_forward(policy::reference{}, x9.const_view(), panels, y2.view()); },
+                                   "linear_forward", "w", "decoding panels [N, 9]", "[3, 8]");
+  CHECK(std::all_of(y.data(), y.data() + y.size(), [](float v) { return v == 0; }));
 }
 
 TEST_CASE("simd: decoding's slices of w, each computed once whatever the threads") {

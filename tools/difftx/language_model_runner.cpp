@@ -80,7 +80,10 @@ class model_runner final : public language_model_runner {
     for (const auto& p : model_.parameters())
       require_finite("load", source.label() + ": " + p.name + " as " + std::string(scalar_traits<T>::name),
                      p.value_view());
-    if (weights_ == inference_dtype::int8) quantize(model_);
+    if (weights_ == inference_dtype::int8)
+      quantize(model_);
+    else
+      model_.add_decoding_panels();
   }
 
   // The largest logit of the last position (the first of equal ones); a NaN

@@ -116,7 +116,10 @@ class module_runner final : public runner {
   void prepare_decode(inference_dtype weights, inference_dtype cache) override {
     if constexpr (has_cache) {
       const index_t B = x_.extent(0), N = x_.extent(1), C = x_.extent(2);
-      if (weights == inference_dtype::int8) quantize(module_);
+      if (weights == inference_dtype::int8)
+        quantize(module_);
+      else
+        module_.add_decoding_panels();
       cache_ = module_.make_cache(B, N + 1, cache);
       y_.resize(x_.shape(), memory());
       module_.prefill(x_.view(), cache_, y_.view());

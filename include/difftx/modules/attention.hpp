@@ -106,6 +106,10 @@ class Attention {
     heads_.quantize_weights();
     out_proj_.quantize_weights();
   }
+  void add_decoding_panels() {
+    heads_.add_decoding_panels();
+    out_proj_.add_decoding_panels();
+  }
 
   // Inference with a KV cache (modules/kv_cache.hpp): as MultiHead's.
   using cache_type = KVCache<T>;

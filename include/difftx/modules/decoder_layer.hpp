@@ -185,6 +185,11 @@ class BasicDecoderLayer {
     attn_.quantize_weights();
     ffn_.quantize_weights();
   }
+  // Decoding panels beside each wide weight (modules/linear.hpp): the attention's and the FFN's.
+  void add_decoding_panels() {
+    attn_.add_decoding_panels();
+    ffn_.add_decoding_panels();
+  }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
     std::vector<parameter_ref<T>> all;

@@ -182,6 +182,12 @@ class LanguageModel {
       tied_int8_ = detail::int8_weights<Policy>("LanguageModel::quantize_weights", embed_.table().data(),
                                                 config_.vocab_size, config_.d_model);
   }
+  // Decoding panels beside each wide weight (modules/linear.hpp): the layers' and an
+  // untied head's (a head tied to the embedding reads the table as it is).
+  void add_decoding_panels() {
+    layers_.add_decoding_panels();
+    if (head_) head_->add_decoding_panels();
+  }
   void require_trainable(std::string_view where) const {
     layers_.require_trainable(where);
     if (head_) head_->require_trainable(where);

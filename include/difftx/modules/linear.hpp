@@ -4,6 +4,16 @@
 // step per output channel (ops/int8.hpp), and forward computes with it
 // (ops/linear.hpp). The float weight stays what parameters() and files see; a
 // new value written there needs quantize_weights() again.
+// add_decoding_panels() (inference, host policies, float and double): a W
+// whose rows are wider than wide_weight_row_bytes also as decoding panels
+// (ops/decoding_panels.hpp), which forward reads for x of at most 4 rows.
+// Decoding reads each row of W against the whole x: once a row and x no longer
+// fit in L1 side by side, every row reads x again from L2 (float32's
+// down_proj of a 1B model, x of 22.5 KB: 91-93% of the machine's read rate in
+// its slow state and 65-72% in its fast one, where the panels read at 99-100%;
+// docs/benchmarks.md). They cost W's bytes once more; as with int8, W stays
+// what parameters() and files see (and what a prompt multiplies), a new value
+// there needs add_decoding_panels() again, and backward refuses.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +30,10 @@
 #include "difftx/policy/reference.hpp"
 
 namespace difftx {
+
+// Rows of W wider than this (in_features · sizeof(T)) get decoding panels from
+// add_decoding_panels: half of a 32 KiB L1, the smallest of the CPUs we run on.
+inline constexpr std::size_t wide_weight_row_bytes = 16 * 1024;
 
 namespace detail {
 
@@ -73,13 +87,14 @@ class Linear {
     constexpr std::string_view where = "Linear::forward";
     require_tokens(where, "x", x, in_, policy_.memory().space());
     require_shape(where, "y", y, output_shape(x.shape()));
-    if constexpr (low_bit_policy<Policy>)
-      if (int8_) {
-        linear_forward(policy_, flatten_rows(x), *int8_, flatten_rows(y));
-        saved.input_shape = x.shape();
-        return;
-      }
-    linear_forward(policy_, flatten_rows(x), weight_.value.view(), flatten_rows(y));
+    [&] {
+      if constexpr (low_bit_policy<Policy>)
+        if (int8_) return linear_forward(policy_, flatten_rows(x), *int8_, flatten_rows(y));
+      if constexpr (panelled)
+        if (panels_ && x.extent(0) * x.extent(1) <= decoding_panels<T>::max_rows)
+          return linear_forward(policy_, flatten_rows(x), *panels_, flatten_rows(y));
+      linear_forward(policy_, flatten_rows(x), weight_.value.view(), flatten_rows(y));
+    }();
     saved.input_shape = x.shape();
   }
 
@@ -108,9 +123,20 @@ class Linear {
   bool weights_quantized() const noexcept { return int8_ != nullptr; }
   // The int8 weights' bytes (values, steps, sums); 0 when not quantized.
   std::size_t int8_bytes() const noexcept { return int8_ ? int8_->bytes() : 0; }
-  // Throws input_error once the weights are int8 (inference only: no gradient of the rounding).
+  // Decoding panels beside W when its rows are wide (see above); idempotent,
+  // and a no-op for narrow rows, reduced types and policies without them.
+  void add_decoding_panels() {
+    if constexpr (panelled)
+      if (std::is_same_v<T, accum_t<T>> && static_cast<std::size_t>(in_) * sizeof(T) > wide_weight_row_bytes)
+        panels_ = std::make_shared<const decoding_panels<T>>(weight_.value.data(), out_, in_);
+  }
+  bool has_decoding_panels() const noexcept { return panels_ != nullptr; }
+  // Throws input_error once the weights are int8 or have decoding panels
+  // (inference only: no gradient of the rounding; the panels would not follow an update).
   void require_trainable(std::string_view where) const {
     require(!int8_, where, "weights", "float weights (a backward; int8 weights are for inference)", "int8 weights");
+    require(!panels_, where, "weights", "W alone (a backward; decoding panels are for inference)",
+            "W and its decoding panels");
   }
 
  private:
@@ -120,12 +146,18 @@ class Linear {
     return {out, in};
   }
 
+  static constexpr bool panelled = requires(const Policy& p, cview<T, 2> a, TensorView<T, 2> b) {
+    linear_forward(p, a, decoding_panels<T>{}, b);
+  };
+
   Policy policy_;
   index_t in_, out_;
   Parameter<T, 2> weight_;
   // Shared, so copies of a quantized module (a layer vector growing) do not
-  // copy it; quantize_weights replaces it rather than writing into it.
+  // copy it; quantize_weights replaces it rather than writing into it. The
+  // same for the panels.
   std::shared_ptr<const int8_rows<accum_t<T>>> int8_;
+  std::shared_ptr<const decoding_panels<T>> panels_;
 };
 
 // Every Linear of a module (projections, SwiGLU, the LM head) with int8

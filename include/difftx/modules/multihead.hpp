@@ -158,6 +158,9 @@ class MultiHead {
   void quantize_weights() {
     for (auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->quantize_weights();
   }
+  void add_decoding_panels() {
+    for (auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->add_decoding_panels();
+  }
 
   // Inference with a KV cache (modules/kv_cache.hpp). A cache for `batch`
   // sequences of up to `capacity` tokens, in the policy's memory:

@@ -139,6 +139,11 @@ class MultiHeadV2 {
     o_proj_.quantize_weights();
     if (lambda_proj_) lambda_proj_->quantize_weights();
   }
+  void add_decoding_panels() {
+    heads_.add_decoding_panels();
+    o_proj_.add_decoding_panels();
+    if (lambda_proj_) lambda_proj_->add_decoding_panels();
+  }
 
   // Inference with a KV cache (modules/kv_cache.hpp): the cache of a standard
   // transformer with g key/value heads of D, whatever h is.

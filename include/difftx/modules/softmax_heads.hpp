@@ -116,6 +116,9 @@ class SoftmaxHeads {
   void quantize_weights() {
     for (auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->quantize_weights();
   }
+  void add_decoding_panels() {
+    for (auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->add_decoding_panels();
+  }
 
   // After forward(x, s, sequences) on the prompts: the cache restarts with their keys and values.
   void fill(const saved_type& s, KVCache<T>& cache, sequence_offsets sequences) const {

@@ -120,6 +120,9 @@ class Stack {
   void quantize_weights() {
     for (auto& layer : layers_) layer.quantize_weights();
   }
+  void add_decoding_panels() {
+    for (auto& layer : layers_) layer.add_decoding_panels();
+  }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
     std::vector<parameter_ref<T>> all;

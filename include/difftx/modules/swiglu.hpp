@@ -102,6 +102,10 @@ class SwiGLU {
   void quantize_weights() {
     for (auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->quantize_weights();
   }
+  // Decoding panels beside each wide weight (modules/linear.hpp): down_proj's, whose rows are ffn_dim long.
+  void add_decoding_panels() {
+    for (auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->add_decoding_panels();
+  }
   void require_trainable(std::string_view where) const {
     for (const auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->require_trainable(where);
   }

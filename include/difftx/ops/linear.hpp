@@ -11,9 +11,13 @@
 //   y[m, n] = A(Σ_k x8[m, k] · w8[n, k]) · s_x[m] · s_w[n]
 // with the integer sum exact (int32, K <= 133144) and the two products in A,
 // left to right, so every policy gives the same bits.
+//
+// w as decoding panels (inference, host policies; ops/decoding_panels.hpp):
+// the same product for x of at most decoding_panels<T>::max_rows rows.
 #pragma once
 
 #include "difftx/ops/common.hpp"
+#include "difftx/ops/decoding_panels.hpp"
 
 namespace difftx::detail {
 
@@ -40,13 +44,25 @@ void check_linear_backward(std::string_view where, memory_space space, const X& 
 // The largest K whose int8 products stay exact in int32: K · 127² < 2^31.
 inline constexpr index_t int8_max_depth = 133144;
 
+// w stored as `what` (int8 weights, decoding panels) of w.rows x w.cols.
 template <class X, class W, class Y>
-void check_linear_int8(std::string_view where, memory_space space, const X& x, const W& w, const Y& y) {
+void check_linear_stored(std::string_view where, memory_space space, const X& x, const W& w, const Y& y,
+                         std::string_view what) {
   require_nonempty(where, "x", x);
-  require(w.rows > 0 && x.extent(1) == w.cols, where, "w", "int8 weights [N, " + std::to_string(x.extent(1)) + "]",
+  require(w.rows > 0 && x.extent(1) == w.cols, where, "w",
+          std::string(what) + " [N, " + std::to_string(x.extent(1)) + "]",
           "[" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
   require_shape(where, "y", y, {x.extent(0), w.rows});
   require_all_in(where, space, {{"x", x.space()}, {"y", y.space()}});
+}
+
+template <class X, class T, class Y>
+void check_linear_panels(std::string_view where, memory_space space, const X& x, const decoding_panels<T>& w,
+                         const Y& y) {
+  check_linear_stored(where, space, x, w, y, "decoding panels");
+  require(x.extent(0) <= decoding_panels<T>::max_rows, where, "x",
+          "at most " + std::to_string(decoding_panels<T>::max_rows) + " rows (decoding panels)",
+          std::to_string(x.extent(0)) + " rows");
 }
 
 }  // namespace difftx::detail

@@ -6,19 +6,33 @@
 
 namespace difftx {
 
-// y[M, N] = x[M, K] · w[N, K]^T
-template <Scalar T>
-void linear_forward(const policy::reference&, cview<T, 2> x, cview<T, 2> w, TensorView<T, 2> y) {
-  constexpr std::string_view where = "linear_forward";
-  detail::check_linear(where, memory_space::host, x, w, y, "y");
+namespace detail {
+// y[m, n] = Σ_k x[m, k] · w_at(n, k), summed left to right in A
+template <class T, class WeightAt>
+void reference_products(cview<T, 2> x, index_t N, WeightAt&& w_at, TensorView<T, 2> y) {
   using A = accum_t<T>;
-  const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
+  const index_t M = x.extent(0), K = x.extent(1);
   for (index_t m = 0; m < M; ++m)
     for (index_t n = 0; n < N; ++n) {
       A acc(0.0);
-      for (index_t k = 0; k < K; ++k) acc = acc + load(x(m, k)) * load(w(n, k));
+      for (index_t k = 0; k < K; ++k) acc = acc + load(x(m, k)) * load(w_at(n, k));
       y(m, n) = store<T>(acc);
     }
+}
+}  // namespace detail
+
+// y[M, N] = x[M, K] · w[N, K]^T
+template <Scalar T>
+void linear_forward(const policy::reference&, cview<T, 2> x, cview<T, 2> w, TensorView<T, 2> y) {
+  detail::check_linear("linear_forward", memory_space::host, x, w, y, "y");
+  detail::reference_products(x, w.extent(0), [&](index_t n, index_t k) { return w(n, k); }, y);
+}
+
+// y[M, N] = x[M, K] · w^T with w as decoding panels (M ≤ max_rows): the same sums in the same order
+template <Scalar T>
+void linear_forward(const policy::reference&, cview<T, 2> x, const decoding_panels<T>& w, TensorView<T, 2> y) {
+  detail::check_linear_panels("linear_forward", memory_space::host, x, w, y);
+  detail::reference_products(x, w.rows, [&](index_t n, index_t k) { return w.at(n, k); }, y);
 }
 
 // dx[M, K] (=|+=) dy[M, N] · w[N, K];  dw[N, K] += dy^T · x

@@ -16,7 +16,7 @@ template <Scalar T>
 void linear_forward(const policy::reference&, cview<T, 2> x, const int8_rows<accum_t<T>>& w, TensorView<T, 2> y) {
   using A = accum_t<T>;
   constexpr std::string_view where = "linear_forward";
-  detail::check_linear_int8(where, memory_space::host, x, w, y);
+  detail::check_linear_stored(where, memory_space::host, x, w, y, "int8 weights");
   detail::require_int8_arithmetic<A>(where, "x");
   if constexpr (std::is_floating_point_v<A>) {
     const index_t M = x.extent(0), K = x.extent(1), N = w.rows;

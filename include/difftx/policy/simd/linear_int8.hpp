@@ -41,7 +41,7 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_
   using namespace simd_detail;
   using A = accum_t<T>;
   constexpr std::string_view where = "linear_forward";
-  detail::check_linear_int8(where, memory_space::host, x, w, y);
+  detail::check_linear_stored(where, memory_space::host, x, w, y, "int8 weights");
   const auto x8 = quantized_rows<T>(p, x);
   const index_t N = w.rows;
   int8_products(p, x8, w, [&](index_t m, index_t j0, index_t n, const std::int32_t* sums) {
