@@ -126,8 +126,8 @@ class Linear {
   // Decoding panels beside W when its rows are wide (see above); idempotent,
   // and a no-op for narrow rows, reduced types and policies without them.
   void add_decoding_panels() {
-    if constexpr (panelled)
-      if (std::is_same_v<T, accum_t<T>> && static_cast<std::size_t>(in_) * sizeof(T) > wide_weight_row_bytes)
+    if constexpr (panelled && std::is_same_v<T, accum_t<T>>)
+      if (static_cast<std::size_t>(in_) * sizeof(T) > wide_weight_row_bytes)
         panels_ = std::make_shared<const decoding_panels<T>>(weight_.value.data(), out_, in_);
   }
   bool has_decoding_panels() const noexcept { return panels_ != nullptr; }
