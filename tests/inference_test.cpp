@@ -350,10 +350,14 @@ TEST_CASE("the stateless forward equals the forward that saves") {
   CHECK(testing::normwise_difference(y_plain.data(), y_saved.data(), y_plain.size()) == 0.0);
 }
 
-TEST_CASE("LanguageModel: prefill and greedy decoding equal the forward's logits") {
+// A two-layer double LanguageModel (vocabulary 11) with FFNs of ffn_dim: the
+// logits of one forward over 2 x 9 tokens, then (after `before_decoding`) a
+// prefill of the first 4 and one decode step per token after, equal them.
+template <class BeforeDecoding>
+void check_prefill_and_decode(index_t ffn_dim, BeforeDecoding&& before_decoding) {
   using Layer = DecoderLayer<double, D, policy::simd>;
   std::vector<Layer> layers;
-  for (index_t l = 0; l < 2; ++l) layers.emplace_back(DecoderLayerConfig{{C, 2, 1, l}, 32});
+  for (index_t l = 0; l < 2; ++l) layers.emplace_back(DecoderLayerConfig{{C, 2, 1, l}, ffn_dim});
   LanguageModel<Layer> model({11, C}, std::move(layers));
   random_stream rng(3);
   model.reset_parameters(rng);
@@ -362,6 +366,7 @@ TEST_CASE("LanguageModel: prefill and greedy decoding equal the forward's logits
   Tensor<double, 3> logits({2, 9, 11});
   model.forward(tokens, logits.view());
 
+  before_decoding(model);
   auto cache = model.make_cache(2, 9);
   Tensor<token_t, 2> prompt({2, 4});
   for (index_t b = 0; b < 2; ++b)
@@ -378,36 +383,17 @@ TEST_CASE("LanguageModel: prefill and greedy decoding equal the forward's logits
   }
 }
 
+TEST_CASE("LanguageModel: prefill and greedy decoding equal the forward's logits") {
+  check_prefill_and_decode(32, [](auto&) {});
+}
+
 TEST_CASE("LanguageModel with decoding panels: decoding equals the forward's logits, a backward refuses") {
   // ffn_dim 2100 doubles: down_proj's rows are wider than wide_weight_row_bytes
-  // (16.4 KiB), so it gets panels; the other projections' (16 values) do not.
+  // (16.4 KiB), so it gets panels, which the decode steps (2 rows) read; the
+  // prompt (8 rows) multiplies W.
+  check_prefill_and_decode(2100, [](auto& model) { model.add_decoding_panels(); });
+
   using Layer = DecoderLayer<double, D, policy::simd>;
-  std::vector<Layer> layers;
-  for (index_t l = 0; l < 2; ++l) layers.emplace_back(DecoderLayerConfig{{C, 2, 1, l}, 2100});
-  LanguageModel<Layer> model({11, C}, std::move(layers));
-  random_stream rng(5);
-  model.reset_parameters(rng);
-  Tensor<token_t, 2> tokens({2, 7});
-  for (index_t i = 0; i < tokens.size(); ++i) tokens.data()[i] = static_cast<token_t>((i * 5 + 2) % 11);
-  Tensor<double, 3> logits({2, 7, 11});
-  model.forward(tokens, logits.view());
-
-  model.add_decoding_panels();
-  auto cache = model.make_cache(2, 7);
-  Tensor<token_t, 2> prompt({2, 3});
-  for (index_t b = 0; b < 2; ++b)
-    for (index_t n = 0; n < 3; ++n) prompt(b, n) = tokens(b, n);
-  Tensor<double, 3> prompt_logits({2, 3, 11});
-  model.prefill(prompt, cache, prompt_logits.view());
-  CHECK(part_difference(prompt_logits, logits, 0) <= 1e-12);  // a prompt multiplies W itself
-  for (index_t n = 3; n < 7; ++n) {
-    Tensor<token_t, 2> next({2, 1});
-    for (index_t b = 0; b < 2; ++b) next(b, 0) = tokens(b, n);
-    Tensor<double, 3> step({2, 1, 11});
-    model.decode(next, cache, step.view());
-    CHECK(part_difference(step, logits, n) <= 1e-12);
-  }
-
   Layer layer(DecoderLayerConfig{{C, 2, 1, 0}, 2100});
   layer.add_decoding_panels();
   const auto x = test_support::random_tensor<double, 3>({1, 3, C}, 6);
