@@ -9,9 +9,9 @@
 // (ops/decoding_panels.hpp), which forward reads for x of at most 4 rows.
 // Decoding reads each row of W against the whole x: once a row and x no longer
 // fit in L1 side by side, every row reads x again from L2 (float32's
-// down_proj of a 1B model, x of 22.5 KB: 91-93% of the machine's read rate in
-// its slow state and 65-72% in its fast one, where the panels read at 99-100%;
-// docs/benchmarks.md). They cost W's bytes once more; as with int8, W stays
+// down_proj of a 1B model, x of 22.5 KB: W's rows at 91-94% of the machine's
+// read rate in its slow state and 66-75% in its fast one, the panels at
+// 99-100% and 89-96%; docs/benchmarks.md). They cost W's bytes once more; as with int8, W stays
 // what parameters() and files see (and what a prompt multiplies), a new value
 // there needs add_decoding_panels() again, and backward refuses.
 #pragma once
@@ -130,7 +130,6 @@ class Linear {
       if (static_cast<std::size_t>(in_) * sizeof(T) > wide_weight_row_bytes)
         panels_ = std::make_shared<const decoding_panels<T>>(weight_.value.data(), out_, in_);
   }
-  bool has_decoding_panels() const noexcept { return panels_ != nullptr; }
   // Throws input_error once the weights are int8 or have decoding panels
   // (inference only: no gradient of the rounding; the panels would not follow an update).
   void require_trainable(std::string_view where) const {

@@ -42,7 +42,6 @@ struct decoding_panels {
   index_t blocks() const noexcept { return (rows + width - 1) / width; }
   const T* panel(index_t p) const noexcept { return values.data() + static_cast<std::size_t>(p * blocks() * depth * width); }
   const T& at(index_t n, index_t k) const noexcept { return values[offset(n, k)]; }
-  std::size_t bytes() const noexcept { return values.size() * sizeof(T); }
 
  private:
   std::size_t offset(index_t n, index_t k) const noexcept {

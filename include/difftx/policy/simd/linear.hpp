@@ -2,8 +2,8 @@
 // the output split into blocks over OpenMP threads (Eigen runs each block on
 // one thread inside a parallel region); decoding's few rows of x stream w
 // instead (streamed_dot), or w's decoding panels into partial sums of y
-// (panel_gemv). float16/bfloat16 products go to
-// reduced_gemm (gemm.hpp), which converts while it packs.
+// (panel_gemv). float16/bfloat16 products go to reduced_gemm (gemm.hpp),
+// which converts while it packs.
 #pragma once
 
 #include <algorithm>
@@ -90,7 +90,6 @@ A streamed_dot(const A* x, const A* row, index_t k) noexcept {
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-
 
 // out[n] (=|+=) Σ_{k < depth} x[k] · w[n, k0 + k] for one panel of decoding
 // panels (ops/decoding_panels.hpp): the panel read front to back, out in L1.
