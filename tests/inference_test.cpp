@@ -406,6 +406,41 @@ TEST_CASE("LanguageModel with decoding panels: decoding equals the forward's log
     CHECK(std::all_of(p.grad, p.grad + p.size(), [](double g) { return g == 0; }));
 }
 
+TEST_CASE("bfloat16 decoding panels where the product widens x to float") {
+  // x of 4100 values is 16.4 KB as float (past wide_weight_row_bytes) and
+  // 8.2 KB as bfloat16: panels on the converting product (CPUs without
+  // AVX512_BF16 and Intel's), none on the dot-product instruction, which
+  // reads x as it lies; x of 4000 floats (16.0 KB) gets none. require_trainable
+  // tells whether a Linear has them. Where they are, a decoding step reads them
+  // and lands within bfloat16's forward bar of the reference.
+  using bf16 = Eigen::bfloat16;
+  const auto x = test_support::random_tensor<bf16, 3>({1, 1, 4100}, 8);
+  for (const auto product : {policy::bf16_product::converting, policy::bf16_product::dot_instructions}) {
+    policy::simd p;
+    p.bf16_products = product;
+    const bool widens = p.bf16_product_used() == policy::bf16_product::converting;
+    Linear<bf16, policy::simd> wide(4100, 40, p), narrow(4000, 40, p);
+    Linear<bf16> oracle(4100, 40);
+    for (auto* l : {&wide, &narrow}) l->add_decoding_panels();
+    random_stream a(5), b(5);
+    wide.reset_parameters(a);
+    oracle.reset_parameters(b);
+    wide.add_decoding_panels();  // again, after the new weights
+    INFO("bf16_products=" << static_cast<int>(product) << " widens=" << widens);
+    CHECK_NOTHROW(narrow.require_trainable("test"));
+    if (widens)
+      CHECK_THROWS_AS(wide.require_trainable("test"), input_error);
+    else
+      CHECK_NOTHROW(wide.require_trainable("test"));
+    Tensor<bf16, 3> y({1, 1, 40}), y_oracle({1, 1, 40});
+    typename Linear<bf16, policy::simd>::saved_type s;
+    typename Linear<bf16>::saved_type s_oracle;
+    wide.forward(x, y.view(), s);
+    oracle.forward(x, y_oracle.view(), s_oracle);
+    CHECK(testing::normwise_difference(y.data(), y_oracle.data(), y.size()) <= testing::tolerance<bf16>::forward);
+  }
+}
+
 TEST_CASE("inference bad input: documented errors, nothing changed") {
   MultiHead<float, D, policy::simd> module({C, 2});
   MultiHead<float, D, policy::simd> other({C, 2, 1});

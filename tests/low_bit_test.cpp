@@ -302,7 +302,7 @@ int8_rows<float> random_int8_rows(index_t rows, index_t cols, std::uint64_t seed
     std::int32_t sum = 0;
     for (index_t c = 0; c < cols; ++c) {
       const auto v = static_cast<std::int8_t>(fill ? fill : static_cast<int>(std::floor(rng.uniform(-127, 128))));
-      m.values[static_cast<std::size_t>(r * m.padded + c)] = v;
+      m.values.data()[r * m.padded + c] = v;
       sum += v;
     }
     m.sums[static_cast<std::size_t>(r)] = sum;

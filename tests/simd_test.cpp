@@ -129,9 +129,10 @@ TEST_CASE("simd: float and double linear, decoding's streamed rows among them") 
 // Decoding panels (ops/decoding_panels.hpp): the reference reads them in
 // linear_forward's order (the same bits as from w), simd sums each chunk of
 // panels into a partial y and adds those in chunk order (the same bits for
-// any thread count), within float's and double's forward bars of the exact
-// product. Depths with a ragged last panel, past one chunk (32 panels) and in
-// many; rows with a ragged last block; one to four rows of x.
+// any thread count), within each type's forward bar of the exact product
+// (float16 and bfloat16: panels widened in registers, sums in float, one
+// rounding into y). Depths with a ragged last panel, past one chunk (32
+// panels) and in many; rows with a ragged last block; one to four rows of x.
 template <class T>
 void check_decoding_panels(index_t M, index_t N, index_t K) {
   using L = long double;
@@ -159,6 +160,8 @@ TEST_CASE("simd: decoding panels against the reference, the same bits whatever t
                          {1, 1, 9}, {4, 5, 263}, {1, 64, 256}}) {
     check_decoding_panels<float>(M, N, K);
     check_decoding_panels<double>(M, N, K);
+    check_decoding_panels<Eigen::bfloat16>(M, N, K);
+    check_decoding_panels<Eigen::half>(M, N, K);
   }
   const auto x = test_support::random_tensor<float, 2>({5, 8}, 1), w = test_support::random_tensor<float, 2>({3, 8}, 2);
   const decoding_panels<float> panels(w.data(), 3, 8);

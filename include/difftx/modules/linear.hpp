@@ -4,16 +4,18 @@
 // step per output channel (ops/int8.hpp), and forward computes with it
 // (ops/linear.hpp). The float weight stays what parameters() and files see; a
 // new value written there needs quantize_weights() again.
-// add_decoding_panels() (inference, host policies, float and double): a W
-// whose rows are wider than wide_weight_row_bytes also as decoding panels
-// (ops/decoding_panels.hpp), which forward reads for x of at most 4 rows.
-// Decoding reads each row of W against the whole x: once a row and x no longer
-// fit in L1 side by side, every row reads x again from L2 (float32's
-// down_proj of a 1B model, x of 22.5 KB: W's rows at 91-94% of the machine's
-// read rate in its slow state and 66-75% in its fast one, the panels at
-// 99-100% and 89-96%; docs/benchmarks.md). They cost W's bytes once more; as with int8, W stays
-// what parameters() and files see (and what a prompt multiplies), a new value
-// there needs add_decoding_panels() again, and backward refuses.
+// add_decoding_panels() (inference, host policies): W also as decoding panels
+// (ops/decoding_panels.hpp) where a decoding product would hold more than
+// wide_weight_row_bytes of x beside each row of W; forward reads them for x
+// of at most 4 rows. Decoding reads each row of W against the whole x: once a
+// row and x no longer fit in L1 side by side, every row reads x again from L2
+// (float32's down_proj of a 1B model, x of 22.5 KB: W's rows at 91-94% of the
+// machine's read rate in its slow state and 66-75% in its fast one, the
+// panels at 99-100% and 89-96%; docs/benchmarks.md; bfloat16 where the
+// product widens x to float likewise). They cost W's bytes once more; as with
+// int8, W stays what parameters() and files see (and what a prompt
+// multiplies), a new value there needs add_decoding_panels() again, and
+// backward refuses.
 #pragma once
 
 #include <algorithm>
@@ -31,8 +33,10 @@
 
 namespace difftx {
 
-// Rows of W wider than this (in_features · sizeof(T)) get decoding panels from
-// add_decoding_panels: half of a 32 KiB L1, the smallest of the CPUs we run on.
+// A decoding product holding more of x than this beside each row of W (x's
+// in_features values as the product holds them: Linear::decoding_input_bytes)
+// reads decoding panels once add_decoding_panels made them: half of a 32 KiB
+// L1, the smallest of the CPUs we run on.
 inline constexpr std::size_t wide_weight_row_bytes = 16 * 1024;
 
 namespace detail {
@@ -123,12 +127,21 @@ class Linear {
   bool weights_quantized() const noexcept { return int8_ != nullptr; }
   // The int8 weights' bytes (values, steps, sums); 0 when not quantized.
   std::size_t int8_bytes() const noexcept { return int8_ ? int8_->bytes() : 0; }
-  // Decoding panels beside W when its rows are wide (see above); idempotent,
-  // and a no-op for narrow rows, reduced types and policies without them.
+  // Decoding panels beside W when x is wide (see above); idempotent, and a
+  // no-op for narrow x, user number types and policies without them.
   void add_decoding_panels() {
-    if constexpr (panelled && std::is_same_v<T, accum_t<T>>)
-      if (static_cast<std::size_t>(in_) * sizeof(T) > wide_weight_row_bytes)
+    if constexpr (panelled)
+      if (decoding_input_bytes() > wide_weight_row_bytes)
         panels_ = std::make_shared<const decoding_panels<T>>(weight_.value.data(), out_, in_);
+  }
+  // The bytes of x a decoding product holds beside each row of W: the
+  // policy's figure where it has one (policy::simd widens float16 and
+  // bfloat16 to float unless bfloat16 runs on the dot-product instruction).
+  std::size_t decoding_input_bytes() const noexcept {
+    if constexpr (requires { policy_.template decoding_input_bytes<T>(std::size_t{}); })
+      return policy_.template decoding_input_bytes<T>(static_cast<std::size_t>(in_));
+    else
+      return static_cast<std::size_t>(in_) * sizeof(accum_t<T>);
   }
   // Throws input_error once the weights are int8 or have decoding panels
   // (inference only: no gradient of the rounding; the panels would not follow an update).
@@ -145,9 +158,12 @@ class Linear {
     return {out, in};
   }
 
-  static constexpr bool panelled = requires(const Policy& p, cview<T, 2> a, TensorView<T, 2> b) {
-    linear_forward(p, a, decoding_panels<T>{}, b);
-  };
+  // Panels for the number types they are built for (float, double and the
+  // reduced types computed in float), on policies with their product.
+  static constexpr bool panelled =
+      std::is_floating_point_v<accum_t<T>> && requires(const Policy& p, cview<T, 2> a, TensorView<T, 2> b) {
+        linear_forward(p, a, decoding_panels<T>{}, b);
+      };
 
   Policy policy_;
   index_t in_, out_;

@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cstddef>
-#include <vector>
 
 #include "difftx/core/tensor.hpp"
 
@@ -24,24 +23,25 @@ struct decoding_panels {
   // multiply w as it is (a matrix product that reuses what it loads).
   static constexpr index_t max_rows = 4;
   index_t rows = 0, cols = 0;  // N, K
-  std::vector<T> values;
+  // In tensor memory, as the weights are: a large block lies on huge pages
+  // (core/memory.hpp), which a stream through all of it needs as W's rows do.
+  Tensor<T, 1> values;
 
   decoding_panels() = default;
   // From w [rows, cols], row-major.
   decoding_panels(const T* w, index_t n_rows, index_t n_cols)
-      : rows(n_rows), cols(n_cols) {
-    values.reserve(static_cast<std::size_t>(panels() * blocks() * depth * width));
+      : rows(n_rows), cols(n_cols), values({panels() * blocks() * depth * width}) {
+    T* out = values.data();
     for (index_t p = 0; p < panels(); ++p)  // in the order they are stored: written once, front to back
       for (index_t b = 0; b < blocks(); ++b)
         for (index_t k = p * depth; k < (p + 1) * depth; ++k)
-          for (index_t n = b * width; n < (b + 1) * width; ++n)
-            values.push_back(n < rows && k < cols ? w[n * cols + k] : T(0.0));
+          for (index_t n = b * width; n < (b + 1) * width; ++n) *out++ = n < rows && k < cols ? w[n * cols + k] : T(0.0);
   }
 
   index_t panels() const noexcept { return (cols + depth - 1) / depth; }
   index_t blocks() const noexcept { return (rows + width - 1) / width; }
   const T* panel(index_t p) const noexcept { return values.data() + static_cast<std::size_t>(p * blocks() * depth * width); }
-  const T& at(index_t n, index_t k) const noexcept { return values[offset(n, k)]; }
+  const T& at(index_t n, index_t k) const noexcept { return values.data()[offset(n, k)]; }
 
  private:
   std::size_t offset(index_t n, index_t k) const noexcept {

@@ -19,9 +19,8 @@
 #include <type_traits>
 #include <vector>
 
-#include <Eigen/Core>
-
 #include "difftx/core/checks.hpp"
+#include "difftx/core/tensor.hpp"
 #include "difftx/ops/logit_quantization.hpp"
 
 namespace difftx {
@@ -92,14 +91,14 @@ template <class A>
 struct int8_rows {
   static constexpr index_t column_block = 64;
   index_t rows = 0, cols = 0, padded = 0;
-  std::vector<std::int8_t, Eigen::aligned_allocator<std::int8_t>> values;
+  Tensor<std::int8_t, 1> values;  // tensor memory: huge pages for a large weight (core/memory.hpp)
   std::vector<A> steps;
   std::vector<std::int32_t> sums;
 
   int8_rows() = default;
   int8_rows(index_t r, index_t c)
       : rows(r), cols(c), padded((c + column_block - 1) / column_block * column_block),
-        values(static_cast<std::size_t>(r * padded), 0), steps(static_cast<std::size_t>(r), A(0)),
+        values({r * padded}), steps(static_cast<std::size_t>(r), A(0)),
         sums(static_cast<std::size_t>(r), 0) {}
 
   const std::int8_t* row(index_t r) const noexcept { return values.data() + r * padded; }
@@ -112,7 +111,7 @@ struct int8_rows {
     sums[static_cast<std::size_t>(r)] = s;
   }
   std::size_t bytes() const noexcept {
-    return values.size() + steps.size() * sizeof(A) + sums.size() * sizeof(std::int32_t);
+    return static_cast<std::size_t>(values.size()) + steps.size() * sizeof(A) + sums.size() * sizeof(std::int32_t);
   }
 };
 

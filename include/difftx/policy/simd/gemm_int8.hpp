@@ -158,8 +158,8 @@ void int8_products_with(const policy::simd& p, const int8_rows<A>& a, const int8
   const std::int8_t* a_bytes = a.values.data();
   aligned_vector<std::int8_t> offset;  // a + 128 for kernels that multiply unsigned bytes
   if constexpr (Kernel::offset_a) {
-    offset.resize(a.values.size());
-    for (std::size_t e = 0; e < offset.size(); ++e) offset[e] = static_cast<std::int8_t>(a.values[e] ^ std::int8_t(-128));
+    offset.resize(static_cast<std::size_t>(a.values.size()));
+    for (std::size_t e = 0; e < offset.size(); ++e) offset[e] = static_cast<std::int8_t>(a_bytes[e] ^ std::int8_t(-128));
     a_bytes = offset.data();
   }
   const index_t block = M <= 4 ? std::max<index_t>(4, (N / (4 * thread_count(p)) + 3) / 4 * 4) : 64;

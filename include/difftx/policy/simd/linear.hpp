@@ -92,11 +92,12 @@ A streamed_dot(const A* x, const A* row, index_t k) noexcept {
 #endif
 
 // out[n] (=|+=) Σ_{k < depth} x[k] · w[n, k0 + k] for one panel of decoding
-// panels (ops/decoding_panels.hpp): the panel read front to back, out in L1.
-template <bool first, class A>
-void add_panel(const A* x, const A* panel, index_t blocks, A* out) noexcept {
+// panels (ops/decoding_panels.hpp): the panel read front to back (float16 and
+// bfloat16 widened in registers), out in L1.
+template <bool first, class A, class T>
+void add_panel(const A* x, const T* panel, index_t blocks, A* out) noexcept {
   using V = vec<A>;
-  using P = decoding_panels<A>;
+  using P = decoding_panels<T>;
   static_assert(P::width % V::size == 0, "a block of the panel holds whole vectors");
   V h[P::depth];
   DIFFTX_UNROLL(8)
@@ -106,7 +107,7 @@ void add_panel(const A* x, const A* panel, index_t blocks, A* out) noexcept {
     for (index_t v = 0; v < P::width; v += V::size) {
       V acc = first ? V(A(0)) : V::load_unaligned(out + v);
       DIFFTX_UNROLL(8)
-      for (index_t r = 0; r < P::depth; ++r) acc = xsimd::fma(h[r], V::load_unaligned(panel + r * P::width + v), acc);
+      for (index_t r = 0; r < P::depth; ++r) acc = xsimd::fma(h[r], load_as_accum(panel + r * P::width + v), acc);
       acc.store_unaligned(out + v);
     }
 }
@@ -114,48 +115,44 @@ void add_panel(const A* x, const A* panel, index_t blocks, A* out) noexcept {
 // Decoding's y[M, N] = x[M, K] · w^T (M ≤ max_rows) on w's decoding panels:
 // the panels stream once, in chunks of panel_chunk panels that the threads
 // take as for_each_gemv_slice shares slices out (one forward stream per
-// thread). Each chunk sums into a partial y of its own (N values, padded to
-// whole blocks), and the partial y's are added in chunk order: the same bits
-// for any number of threads.
+// thread). Each chunk sums into a partial y of its own (N values of A, padded
+// to whole blocks), and the partial y's are added in chunk order: the same
+// bits for any number of threads. x's rows are copied (float16 and bfloat16:
+// widened) and zero-padded to whole panels.
 constexpr index_t panel_chunk = 32;
-template <class A>
-void panel_gemv(const policy::simd& p, index_t M, const A* x, const decoding_panels<A>& w, A* y) {
-  using P = decoding_panels<A>;
+template <class T>
+void panel_gemv(const policy::simd& p, index_t M, const T* x, const decoding_panels<T>& w, T* y) {
+  using A = accum_t<T>;
+  using P = decoding_panels<T>;
   const index_t N = w.rows, K = w.cols, blocks = w.blocks(), n_pad = blocks * P::width, panels = w.panels();
-  const index_t chunks = (panels + panel_chunk - 1) / panel_chunk;
-  auto& scratch = gemm_scratch<A>::local();  // the calling thread's: x's rows padded to whole panels, the partial y's
-  scratch.a.resize(static_cast<std::size_t>(M * panels * P::depth));
+  const index_t chunks = (panels + panel_chunk - 1) / panel_chunk, x_size = panels * P::depth;
+  auto& scratch = gemm_scratch<A>::local();  // the calling thread's: x's rows as A, the partial y's
+  scratch.a.resize(static_cast<std::size_t>(M * x_size));
   scratch.c.resize(static_cast<std::size_t>(chunks * M * n_pad));
   A* const xp = scratch.a.data();
   A* const partial = scratch.c.data();
   for (index_t i = 0; i < M; ++i) {
-    std::copy(x + i * K, x + (i + 1) * K, xp + i * panels * P::depth);
-    std::fill(xp + i * panels * P::depth + K, xp + (i + 1) * panels * P::depth, A(0));
+    to_accum(x + i * K, K, xp + i * x_size);
+    std::fill(xp + i * x_size + K, xp + (i + 1) * x_size, A(0));
   }
   for_each_gemv_slice(p, 1, chunks, 1, [&](index_t, index_t c, index_t) {
     const index_t p0 = c * panel_chunk, p1 = std::min(panels, p0 + panel_chunk);
     for (index_t i = 0; i < M; ++i) {
       A* const out = partial + (c * M + i) * n_pad;
-      const A* const xi = xp + i * panels * P::depth;
+      const A* const xi = xp + i * x_size;
       add_panel<true>(xi + p0 * P::depth, w.panel(p0), blocks, out);
       for (index_t q = p0 + 1; q < p1; ++q) add_panel<false>(xi + q * P::depth, w.panel(q), blocks, out);
     }
   });
   using V = vec<A>;
-  constexpr index_t W = V::size;
-  for (index_t i = 0; i < M; ++i) {
-    const auto at = [&](index_t c, index_t n) { return partial + (c * M + i) * n_pad + n; };
-    index_t n = 0;
-    for (; n + W <= N; n += W) {
-      V sum = V::load_unaligned(at(0, n));
-      for (index_t c = 1; c < chunks; ++c) sum += V::load_unaligned(at(c, n));
-      sum.store_unaligned(y + i * N + n);
+  for (index_t i = 0; i < M; ++i) {  // chunk 0's partial y += the others', in chunk order, then into y
+    A* const sum = partial + i * n_pad;
+    for (index_t c = 1; c < chunks; ++c) {
+      const A* const add = partial + (c * M + i) * n_pad;
+      for (index_t n = 0; n < n_pad; n += V::size)
+        (V::load_unaligned(sum + n) + V::load_unaligned(add + n)).store_unaligned(sum + n);
     }
-    for (; n < N; ++n) {
-      A sum = *at(0, n);
-      for (index_t c = 1; c < chunks; ++c) sum += *at(c, n);
-      y[i * N + n] = sum;
-    }
+    from_accum(sum, N, y + i * N);
   }
 }
 
@@ -185,9 +182,9 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, TensorV
   }
 }
 
-// y[M, N] = x[M, K] · w^T with w as decoding panels (M ≤ max_rows; types that compute in themselves)
+// y[M, N] = x[M, K] · w^T with w as decoding panels (M ≤ max_rows)
 template <class T>
-  requires supported_by<policy::simd, T> && std::is_same_v<T, accum_t<T>>
+  requires supported_by<policy::simd, T>
 void linear_forward(const policy::simd& p, cview<T, 2> x, const decoding_panels<T>& w, TensorView<T, 2> y) {
   detail::check_linear_panels("linear_forward", memory_space::host, x, w, y);
   simd_detail::panel_gemv(p, x.extent(0), x.data(), w, y.data());
