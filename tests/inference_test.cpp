@@ -411,8 +411,9 @@ TEST_CASE("bfloat16 decoding panels where the product widens x to float") {
   // 8.2 KB as bfloat16: panels on the converting product (CPUs without
   // AVX512_BF16 and Intel's), none on the dot-product instruction, which
   // reads x as it lies; x of 4000 floats (16.0 KB) gets none. require_trainable
-  // tells whether a Linear has them. Where they are, a decoding step reads them
-  // and lands within bfloat16's forward bar of the reference.
+  // tells whether a Linear has them. A decoding step gives the bits of the
+  // product it should read (the panels' or W's) and lands within bfloat16's
+  // forward bar of the reference.
   using bf16 = Eigen::bfloat16;
   const auto x = test_support::random_tensor<bf16, 3>({1, 1, 4100}, 8);
   for (const auto product : {policy::bf16_product::converting, policy::bf16_product::dot_instructions}) {
@@ -438,6 +439,15 @@ TEST_CASE("bfloat16 decoding panels where the product widens x to float") {
     wide.forward(x, y.view(), s);
     oracle.forward(x, y_oracle.view(), s_oracle);
     CHECK(testing::normwise_difference(y.data(), y_oracle.data(), y.size()) <= testing::tolerance<bf16>::forward);
+    const auto w = wide.parameters().front().value;
+    const TensorView<const bf16, 2> w_view(w, {40, 4100});
+    Tensor<bf16, 2> y_read({1, 40});
+    const auto x_rows = x.const_view().reshape<2>({1, 4100});
+    if (widens)
+      linear_forward(p, x_rows, decoding_panels<bf16>(w, 40, 4100), y_read.view());
+    else
+      linear_forward(p, x_rows, w_view, y_read.view());
+    CHECK(testing::normwise_difference(y.data(), y_read.data(), y.size()) == 0.0);
   }
 }
 
