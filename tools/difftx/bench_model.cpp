@@ -61,6 +61,7 @@ void bench_model(const model_bench_options& o) {
   spec.bf16_product = o.bf16_product;
   spec.weights = storage_of(o.weights_dtype);
   spec.kv_cache = storage_of(o.kv_dtype);
+  spec.decodes = true;
   random_stream rng(1);
   std::vector<token_t> prompt(static_cast<std::size_t>(o.prompt_tokens));
   for (auto& t : prompt)

@@ -66,6 +66,7 @@ void generate(const generate_options& o) {
   auto spec = source.spec();
   spec.weights = storage_of(o.weights_dtype);
   spec.kv_cache = storage_of(o.kv_dtype);
+  spec.decodes = true;
   require_prompt_in_vocabulary(prompt, spec.model.vocab_size, o.model);
   const auto model = make_language_model_runner(spec, o.policy, type);
   source.load_into(*model);

@@ -23,8 +23,8 @@ class model_runner final : public language_model_runner {
   using T = typename Model::value_type;
 
  public:
-  model_runner(Model model, inference_dtype weights, inference_dtype kv_cache)
-      : model_(std::move(model)), weights_(weights), kv_cache_(kv_cache) {}
+  model_runner(Model model, const language_model_spec& spec)
+      : model_(std::move(model)), weights_(spec.weights), kv_cache_(spec.kv_cache), decodes_(spec.decodes) {}
 
   void load(const io::diffllama_checkpoint& checkpoint) override { load_from(checkpoint); }
   void load(const io::mapped_safetensors& file) override { load_from(file); }
@@ -82,7 +82,7 @@ class model_runner final : public language_model_runner {
                      p.value_view());
     if (weights_ == inference_dtype::int8)
       quantize(model_);
-    else
+    else if (decodes_)
       model_.add_decoding_panels();
   }
 
@@ -109,6 +109,7 @@ class model_runner final : public language_model_runner {
 
   Model model_;
   inference_dtype weights_, kv_cache_;
+  bool decodes_;
   typename Model::cache_type cache_;
   Tensor<T, 3> logits_;  // [B, tokens of the last call, V]
 };
@@ -121,8 +122,7 @@ std::unique_ptr<language_model_runner> make_model(const language_model_spec& spe
   std::vector<Layer> layers;
   layers.reserve(spec.layers.size());
   for (const auto& config : spec.layers) layers.emplace_back(config, policy);
-  return std::make_unique<model_runner<LanguageModel<Layer>>>(LanguageModel<Layer>(spec.model, std::move(layers)), spec.weights,
-                                                           spec.kv_cache);
+  return std::make_unique<model_runner<LanguageModel<Layer>>>(LanguageModel<Layer>(spec.model, std::move(layers)), spec);
 }
 
 // f(entry) for each host registry entry, in order.

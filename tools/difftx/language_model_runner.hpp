@@ -36,6 +36,10 @@ struct language_model_spec {
   // Low-bit inference (docs/semantics.md): int8 weights, quantized once as
   // they load; an int8 KV cache for prefill and decode.
   inference_dtype weights = inference_dtype::same, kv_cache = inference_dtype::same;
+  // generate and bench decode: weights with a wide input then get decoding
+  // panels (modules/linear.hpp), which a forward over whole prompts (run)
+  // would never read and would hold as a second copy.
+  bool decodes = false;
 
   const DecoderLayerConfig& first() const { return layers.front(); }
 };
