@@ -134,15 +134,6 @@ class Linear {
       if (decoding_input_bytes() > wide_weight_row_bytes)
         panels_ = std::make_shared<const decoding_panels<T>>(weight_.value.data(), out_, in_);
   }
-  // The bytes of x a decoding product holds beside each row of W: the
-  // policy's figure where it has one (policy::simd widens float16 and
-  // bfloat16 to float unless bfloat16 runs on the dot-product instruction).
-  std::size_t decoding_input_bytes() const noexcept {
-    if constexpr (requires { policy_.template decoding_input_bytes<T>(std::size_t{}); })
-      return policy_.template decoding_input_bytes<T>(static_cast<std::size_t>(in_));
-    else
-      return static_cast<std::size_t>(in_) * sizeof(accum_t<T>);
-  }
   // Throws input_error once the weights are int8 or have decoding panels
   // (inference only: no gradient of the rounding; the panels would not follow an update).
   void require_trainable(std::string_view where) const {
@@ -152,6 +143,15 @@ class Linear {
   }
 
  private:
+  // The bytes of x a decoding product holds beside each row of W: the
+  // policy's figure where it has one (policy::simd widens float16 and
+  // bfloat16 to float unless bfloat16 runs on the dot-product instruction).
+  std::size_t decoding_input_bytes() const noexcept {
+    if constexpr (requires { policy_.template decoding_input_bytes<T>(std::size_t{}); })
+      return policy_.template decoding_input_bytes<T>(static_cast<std::size_t>(in_));
+    else
+      return static_cast<std::size_t>(in_) * sizeof(accum_t<T>);
+  }
   static shape_t<2> checked_shape(index_t in, index_t out) {
     require(in > 0, "Linear", "in_features", "a positive size", std::to_string(in));
     require(out > 0, "Linear", "out_features", "a positive size", std::to_string(out));

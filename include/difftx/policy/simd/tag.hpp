@@ -8,6 +8,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "difftx/core/memory.hpp"
+#include "difftx/core/scalar_traits.hpp"
 #include "difftx/policy/simd/bf16_product.hpp"
 
 namespace difftx::policy {
@@ -27,15 +28,14 @@ struct simd {
   // The path they take on this CPU under that setting: converting or dot_instructions.
   bf16_product bf16_product_used() const noexcept { return simd_detail::resolved_bf16_product(bf16_products); }
   // The bytes of a decoding product's input (k values of T) that it holds
-  // beside each row of the weight (Linear::add_decoding_panels): float16 and
-  // bfloat16 are widened to float first, except bfloat16 on the dot-product
-  // instruction, which reads x as it lies.
+  // beside each row of the weight (Linear::add_decoding_panels): k values of
+  // the accumulation type (float16 and bfloat16 are widened first), except
+  // bfloat16 on the dot-product instruction, which reads x as it lies.
   template <class T>
   std::size_t decoding_input_bytes(std::size_t k) const noexcept {
-    constexpr bool reduced = std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
-    if (!reduced || (std::is_same_v<T, Eigen::bfloat16> && bf16_product_used() == bf16_product::dot_instructions))
+    if (std::is_same_v<T, Eigen::bfloat16> && bf16_product_used() == bf16_product::dot_instructions)
       return k * sizeof(T);
-    return k * sizeof(float);
+    return k * sizeof(accum_t<T>);
   }
   // The vector instruction set the kernels were compiled for (xsimd's best
   // under the compiler's -m flags: "avx512bw", "fma3+avx2", "sse2", ...). It
