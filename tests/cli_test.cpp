@@ -1282,7 +1282,7 @@ double decode_weight_bytes(const nlohmann::json& j) {
   return 4 * (layers * layer + C + V * C);
 }
 
-TEST_CASE("cli models: bench --model times the real model's prefill and decode against its weights' read time") {
+TEST_CASE("cli models: bench --model times the real model's prefill and decode against the read time of its weights and cache") {
   for (const char* folder : {"gqa", "tied"}) {
     INFO(folder);
     const auto r = difftx_cli("bench --model " + q(hf_data / folder) +
@@ -1297,9 +1297,14 @@ TEST_CASE("cli models: bench --model times the real model's prefill and decode a
       CHECK(j.at("new_tokens") == 3);
       CHECK(j.at("layers") == 2);
       for (const char* field : {"prefill_ms", "prefill_tokens_per_s", "decode_ms_per_token", "decode_tokens_per_s",
-                                "weights_read_ms", "read_GBps", "decode_share_of_bound"})
+                                "bound_read_ms", "read_GBps", "decode_share_of_bound", "decode_share_of_weights_bound"})
         CHECK(j.at(field).get<double>() > 0);
       CHECK(j.at("weights_read_per_token_bytes").get<double>() == decode_weight_bytes(j));
+      // The steps read caches of 7, 8 and 9 tokens: a median of 8 tokens' keys
+      // (2 maps of D) and values (2D) in each of g groups, float32, per layer.
+      const double g = j.at("kv_heads"), D = j.at("head_dim"), layers = j.at("layers");
+      CHECK(j.at("cache_read_per_token_bytes").get<double>() == layers * 8 * g * (2 * D + 2 * D) * 4);
+      CHECK(j.at("decode_share_of_weights_bound").get<double>() < j.at("decode_share_of_bound").get<double>());
     }
     CHECK(rows == 2);
   }
@@ -1333,7 +1338,8 @@ TEST_CASE("cli models: generate and bench --model take int8 weights and an int8 
   CHECK(j.at("weights_dtype") == "int8");
   CHECK(j.at("kv_dtype") == "int8");
   CHECK(j.at("decode_tokens_per_s").get<double>() > 0);
-  for (const char* field : {"weights_read_per_token_bytes", "read_GBps", "decode_share_of_bound"})
+  for (const char* field : {"weights_read_per_token_bytes", "cache_read_per_token_bytes", "read_GBps",
+                            "decode_share_of_bound", "decode_share_of_weights_bound"})
     CHECK(j.at(field).is_null());  // int8 weights: decoding reads their int8 copy, not the parameters' bytes
   expect_usage_error(generate + " --kv-dtype int4", {"--kv-dtype", "int4"});
 }

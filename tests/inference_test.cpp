@@ -236,6 +236,34 @@ TEST_CASE("a cache filled to capacity, then the error when it overflows") {
   CHECK(cache.length(1) == 8);
 }
 
+TEST_CASE("a cache's stored regions: each sequence's tokens of each tensor, what decoding reads") {
+  const auto module = multihead_factory{}.operator()<float, policy::simd>();
+  for (const auto storage : {inference_dtype::same, inference_dtype::int8}) {
+    auto cache = module.make_cache(2, 8, storage);
+    const auto& s = cache.shape();
+    for (const index_t tokens : {3, 5}) {  // sequence 0 holds 3, sequence 1 holds 5
+      const auto k = test_support::random_tensor<float, 5>({1, tokens, s.kv_heads, s.maps, s.head_dim}, 1);
+      const auto v = test_support::random_tensor<float, 4>({1, tokens, s.kv_heads, s.value_dim}, 2);
+      cache.append(tokens == 3 ? 0 : 1, k.const_view(), v.const_view());
+    }
+    const auto regions = cache.stored_regions();
+    const std::size_t tensors = storage == inference_dtype::int8 ? 4 : 2;  // int8: keys, key steps, values, value steps
+    REQUIRE(regions.size() == 2 * tensors);
+    std::size_t total = 0;
+    for (std::size_t r = 0; r < regions.size(); ++r) total += regions[r].size();
+    CHECK(total == (3 + 5) * cache.bytes_per_token());
+    for (std::size_t t = 0; t < tensors; ++t)  // sequence 1's rows start at its capacity's first row
+      CHECK(regions[2 * t + 1].size() * 3 == regions[2 * t].size() * 5);
+    if (storage == inference_dtype::same) {
+      CHECK(regions[0].data() == reinterpret_cast<const std::byte*>(cache.keys().data()));
+      CHECK(regions[1].data() == reinterpret_cast<const std::byte*>(cache.keys()[1].data()));
+      CHECK(regions[3].data() == reinterpret_cast<const std::byte*>(cache.values()[1].data()));
+    }
+    cache.reset();
+    for (const auto& region : cache.stored_regions()) CHECK(region.empty());
+  }
+}
+
 TEST_CASE("packed prompts of different lengths, then decoding, equal each sequence on its own") {
   // Three prompts of 3, 7 and 1 tokens packed as [1, 11, C], then three
   // decode steps for all three at once; each against its own full forward.

@@ -4,10 +4,12 @@
 // runs them. Medians over --repeats runs after a warm-up run.
 //
 // The bound beside it: after each decode step the same threads read every
-// weight that step read (simd_detail::read_through), so each step's time
-// is paired with the machine's read time for its bytes in the same moment;
-// the median of those ratios is decoding's share of the bandwidth bound,
-// steady where the shared machine's bandwidth drifts between runs.
+// byte that step had to read, the weights and the cache's stored keys and
+// values (simd_detail::read_through), so each step's time is paired with the
+// machine's read time for its bytes in the same moment; the median of those
+// ratios is decoding's share of the bandwidth bound, steady where the shared
+// machine's bandwidth drifts between runs. The share of the weights' bound
+// alone (the weights' part of that read time over the step's) is given too.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,9 +33,10 @@ struct model_timing {
   std::string policy, description;
   int threads = 1;
   double prefill_ms = 0, decode_ms_per_token = 0;
-  // The bound (none with int8 weights): bytes read per step, the median read
-  // time of them, and the median of read time over step time.
-  double weight_bytes = 0, read_ms = 0, bound_share = 0;
+  // The bound (none with int8 weights): the weights' bytes read per step and
+  // the median over steps of the cache's, the median read time of both, and
+  // the medians of read time over step time (of all bytes, of the weights').
+  double weight_bytes = 0, cache_bytes = 0, read_ms = 0, bound_share = 0, weights_bound_share = 0;
 };
 
 // A figure of the bound, null where none was measured.
@@ -74,7 +77,7 @@ void bench_model(const model_bench_options& o) {
     model_timing row{policy, policy_description(policy, model->bf16_product()), model->threads()};
     const auto weights = model->weights_read_per_token();
     for (const auto& w : weights) row.weight_bytes += static_cast<double>(w.size());
-    std::vector<double> prefill, decode, reads, shares;
+    std::vector<double> prefill, decode, cache_bytes, reads, shares, weight_shares;
     for (int r = 0; r <= o.repeats; ++r) {  // run 0: the warm-up
       auto start = std::chrono::steady_clock::now();
       token_t next = model->prefill(prompt, o.prompt_tokens + o.new_tokens);
@@ -86,10 +89,18 @@ void bench_model(const model_bench_options& o) {
         const double step_ms = ms_since(start);
         decode_ms += step_ms;
         if (weights.empty() || r == 0) continue;
+        auto step_read = weights;
+        double step_cache_bytes = 0;
+        for (const auto& region : model->cache_read_per_token()) {
+          step_read.push_back(region);
+          step_cache_bytes += static_cast<double>(region.size());
+        }
         start = std::chrono::steady_clock::now();
-        static_cast<void>(simd_detail::read_through(model->threads(), weights));
+        static_cast<void>(simd_detail::read_through(model->threads(), step_read));
         reads.push_back(ms_since(start));
+        cache_bytes.push_back(step_cache_bytes);
         shares.push_back(reads.back() / step_ms);
+        weight_shares.push_back(shares.back() * row.weight_bytes / (row.weight_bytes + step_cache_bytes));
       }
       if (r == 0) continue;
       prefill.push_back(prefill_ms);
@@ -98,8 +109,10 @@ void bench_model(const model_bench_options& o) {
     row.prefill_ms = median(prefill);
     row.decode_ms_per_token = median(decode);
     if (!reads.empty()) {
+      row.cache_bytes = median(cache_bytes);
       row.read_ms = median(reads);
       row.bound_share = median(shares);
+      row.weights_bound_share = median(weight_shares);
     }
     rows.push_back(row);
   }
@@ -120,9 +133,11 @@ void bench_model(const model_bench_options& o) {
                                          {"decode_ms_per_token", row.decode_ms_per_token},
                                          {"decode_tokens_per_s", 1e3 / row.decode_ms_per_token},
                                          {"weights_read_per_token_bytes", bound_value(row, row.weight_bytes)},
-                                         {"weights_read_ms", bound_value(row, row.read_ms)},
-                                         {"read_GBps", bound_value(row, row.weight_bytes / row.read_ms / 1e6)},
-                                         {"decode_share_of_bound", bound_value(row, row.bound_share)}}
+                                         {"cache_read_per_token_bytes", bound_value(row, row.cache_bytes)},
+                                         {"bound_read_ms", bound_value(row, row.read_ms)},
+                                         {"read_GBps", bound_value(row, (row.weight_bytes + row.cache_bytes) / row.read_ms / 1e6)},
+                                         {"decode_share_of_bound", bound_value(row, row.bound_share)},
+                                         {"decode_share_of_weights_bound", bound_value(row, row.weights_bound_share)}}
                                   .dump()
                                   .c_str());
     return;
@@ -132,19 +147,21 @@ void bench_model(const model_bench_options& o) {
               o.model.c_str(), source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads,
               a.kv_heads, a.head_dim, spec.first().ffn_dim, o.dtype.c_str(), o.weights_dtype.c_str(), o.kv_dtype.c_str(),
               o.prompt_tokens, o.new_tokens, o.repeats);
-  std::printf("%-34s %7s %12s %16s %15s %16s %10s %9s\n", "policy", "threads", "prefill ms", "prefill tokens/s",
-              "decode ms/token", "decode tokens/s", "read GB/s", "of bound");
+  std::printf("%-34s %7s %12s %16s %15s %16s %10s %9s %10s\n", "policy", "threads", "prefill ms", "prefill tokens/s",
+              "decode ms/token", "decode tokens/s", "read GB/s", "of bound", "of weights");
   for (const auto& row : rows) {
     std::printf("%-34s %7d %12.3f %16.1f %15.3f %16.2f", row.description.c_str(), row.threads, row.prefill_ms,
                 double(o.prompt_tokens) / row.prefill_ms * 1e3, row.decode_ms_per_token, 1e3 / row.decode_ms_per_token);
     if (row.read_ms > 0)
-      std::printf(" %10.1f %8.1f%%\n", row.weight_bytes / row.read_ms / 1e6, 100 * row.bound_share);
+      std::printf(" %10.1f %8.1f%% %9.1f%%\n", (row.weight_bytes + row.cache_bytes) / row.read_ms / 1e6,
+                  100 * row.bound_share, 100 * row.weights_bound_share);
     else
-      std::printf(" %10s %9s\n", "-", "-");
+      std::printf(" %10s %9s %10s\n", "-", "-", "-");
   }
-  std::printf("read GB/s: the weights a decode step reads (%.0f MB), read again by its threads after each step; of "
-              "bound: the median of that read's time over the step's\n",
-              rows.empty() ? 0.0 : rows.front().weight_bytes / 1e6);
+  std::printf("read GB/s: the bytes a decode step reads (the weights, %.0f MB, and the cache's keys and values, a "
+              "median %.1f MB), read again by its threads after each step; of bound: the median of that read's time "
+              "over the step's; of weights: of the weights' part of it\n",
+              rows.empty() ? 0.0 : rows.front().weight_bytes / 1e6, rows.empty() ? 0.0 : rows.front().cache_bytes / 1e6);
 }
 
 }  // namespace difftx::cli

@@ -69,6 +69,12 @@ class model_runner final : public language_model_runner {
         read.push_back(std::as_bytes(std::span<const T>(p.value, static_cast<std::size_t>(p.size()))));
     return read;
   }
+  std::vector<std::span<const std::byte>> cache_read_per_token() const override {
+    std::vector<std::span<const std::byte>> read;
+    for (const auto& layer : cache_)
+      for (const auto& region : layer.stored_regions()) read.push_back(region);
+    return read;
+  }
   int threads() const override { return policy_threads(model_.policy()); }
   std::string bf16_product() const override { return bf16_product_of<T>(model_.policy()); }
 

@@ -69,6 +69,9 @@ class language_model_runner {
   // embedding table (one row of it is read), which is read whole where it is
   // also the output head. Empty with int8 weights (read from their own copy).
   virtual std::vector<std::span<const std::byte>> weights_read_per_token() = 0;
+  // What the last decode step read of the cache: every layer's stored keys
+  // and values (KVCache::stored_regions), its own token's row included.
+  virtual std::vector<std::span<const std::byte>> cache_read_per_token() const = 0;
   virtual int threads() const = 0;
   // The path of bfloat16 matrix products ("vdpbf16ps", "converting"), "" where none applies.
   virtual std::string bf16_product() const = 0;

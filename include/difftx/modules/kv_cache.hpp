@@ -22,6 +22,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -82,6 +83,29 @@ class KVCache {
   // Everything the cache holds: capacity x batch tokens (lengths aside).
   std::size_t bytes() const noexcept {
     return bytes_per_token() * static_cast<std::size_t>(shape_.batch * shape_.capacity);
+  }
+  // What a decode step reads of the cache: every sequence's stored tokens of
+  // each tensor (int8: the steps too), one region per tensor and sequence, in
+  // the cache's memory. Decoding's bound is these bytes and the weights' over
+  // the read rate (`difftx bench --model`).
+  std::vector<std::span<const std::byte>> stored_regions() const {
+    std::vector<std::span<const std::byte>> regions;
+    auto add = [&](const auto& tensor) {  // [B, S, ...]
+      const auto per_token = static_cast<std::size_t>(tensor.size() / (shape_.batch * shape_.capacity));
+      for (index_t b = 0; b < shape_.batch; ++b)
+        regions.push_back(std::as_bytes(std::span(tensor.data() + static_cast<std::size_t>(b * shape_.capacity) * per_token,
+                                                  static_cast<std::size_t>(length(b)) * per_token)));
+    };
+    if (shape_.storage == inference_dtype::int8) {
+      add(keys8_);
+      add(key_steps_);
+      add(values8_);
+      add(value_steps_);
+    } else {
+      add(keys_);
+      add(values_);
+    }
+    return regions;
   }
   // The stored tensors: keys() and values() for storage same, int8_view() for int8.
   cview<T, 5> keys() const noexcept { return keys_.view(); }
