@@ -517,6 +517,52 @@ TEST_CASE("inference bad input: documented errors, nothing changed") {
   CHECK(cache3.length(0) == 0);
 }
 
+TEST_CASE("attention_decode: simd's kernels at a real model's head sizes, in every type, against the reference in double") {
+  // d = 134: runs of whole vectors (bfloat16's in pairs) and a tail at 8 and
+  // 16 lanes, dv = 2d; G = 4 groups of r = 2 heads; T = 1 and 2 new tokens (2
+  // and 4 query rows a group: the loops over the cache in place) and 3 (6:
+  // Eigen's products). Three sequences, one of 300 keys (several blocks), the
+  // cache's rows past each length NaN.
+  auto check = [](auto type) {
+    using T = decltype(type);
+    using A = accum_t<T>;
+    const index_t B = 3, H = 8, G = 4, d = 134, S = 320;
+    const std::vector<index_t> lengths{3, 300, 37};
+    auto k = test_support::random_tensor<T, 5>({B, S, G, 2, d}, 2, 2.0);
+    auto v = test_support::random_tensor<T, 4>({B, S, G, 2 * d}, 3);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t t = lengths[b]; t < S; ++t) {
+        for (index_t i = 0; i < G * 2 * d; ++i) k.view()[b][t].data()[i] = T(std::numeric_limits<float>::quiet_NaN());
+        for (index_t i = 0; i < G * 2 * d; ++i) v.view()[b][t].data()[i] = T(std::numeric_limits<float>::quiet_NaN());
+      }
+    auto in_double = [](const auto& x) {
+      Tensor<double, std::remove_cvref_t<decltype(x)>::rank> out(x.shape());
+      for (index_t i = 0; i < x.size(); ++i) out.data()[i] = static_cast<double>(x.data()[i]);
+      return out;
+    };
+    Tensor<A, 1> lambda({1});
+    lambda(0) = A(0.3);
+    Tensor<double, 1> lambda_double({1});
+    lambda_double(0) = 0.3;
+    for (index_t new_tokens : {1, 2, 3}) {
+      const auto q = test_support::random_tensor<T, 5>({B, new_tokens, H, 2, d}, 1);
+      Tensor<double, 4> o_ref({B, new_tokens, H, 2 * d});
+      Tensor<T, 4> o({B, new_tokens, H, 2 * d});
+      attention_decode<2>(policy::reference{}, in_double(q).const_view(), in_double(k).const_view(),
+                          in_double(v).const_view(), lengths, lambda_double.const_view(), o_ref.view());
+      attention_decode<2>(policy::simd{}, q.const_view(), k.const_view(), v.const_view(), lengths, lambda.const_view(),
+                          o.view());
+      const double e = testing::normwise_difference(o.data(), o_ref.data(), o.size());
+      INFO(scalar_traits<T>::name << " T=" << new_tokens << ": " << e / scalar_traits<T>::epsilon << " u");
+      CHECK(e <= testing::tolerance<T>::forward);  // false for NaN: no row past a length was read
+    }
+  };
+  check(float{});
+  check(double{});
+  check(Eigen::half{});
+  check(Eigen::bfloat16{});
+}
+
 TEST_CASE("attention_decode: simd equals the reference and reads nothing past a sequence's length") {
   // B = 3 sequences holding 1, 300 and 37 keys of a 320-key cache whose other
   // rows are NaN; T = 2 new tokens need lengths >= 2, so the first holds 2.

@@ -144,18 +144,94 @@ vec<A> load_row_as(const E* p) {
     return load_as_accum(p);
 }
 
+// 2W consecutive bfloat16 values as two vectors of W floats, the even
+// columns and the odd ones. A bfloat16 is a float's top 16 bits, so each
+// 32-bit word of the load holds two floats' tops: the even column is the
+// word shifted up by 16 bits, the odd one the word with its low half cleared.
+// Two bit operations within lanes per 2W values, where load_as_accum widens
+// W values with a cross-lane shuffle and a shift.
+struct bf16_pair_halves {
+  vec<float> even, odd;
+};
+template <class V = vec<float>>  // a template, so that only the branch of V's width is compiled
+bf16_pair_halves load_bf16_pairs(const Eigen::bfloat16* p) {
+#if defined(__AVX512F__)
+  if constexpr (V::size == 16) {
+    const __m512i words = _mm512_loadu_si512(p);
+    // (the zero-masking form of the shift, all lanes kept: GCC 12's plain one
+    // warns of its undefined pass-through operand, bug 105593)
+    return {V(_mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), words, 16))),
+            V(_mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32(static_cast<int>(0xffff0000u)))))};
+  }
+#endif
+#if defined(__AVX2__)
+  if constexpr (V::size == 8) {
+    const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return {V(_mm256_castsi256_ps(_mm256_slli_epi32(words, 16))),
+            V(_mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32(static_cast<int>(0xffff0000u)))))};
+  }
+#endif
+  alignas(64) float even[V::size], odd[V::size];
+  for (std::size_t i = 0; i < V::size; ++i) {
+    even[i] = static_cast<float>(p[2 * i]);
+    odd[i] = static_cast<float>(p[2 * i + 1]);
+  }
+  return {V::load_aligned(even), V::load_aligned(odd)};
+}
+
+// GCC 12 takes the undefined pass-through operand inside its AVX-512 shuffle
+// intrinsics for an uninitialised variable once they are inlined (GCC bug
+// 105593): a false warning, silenced for the two functions below.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
+// Lane t of the result is the sum of acc[t]'s lanes: four rounds of adding
+// two shuffles of a pair of vectors, each halving what is left to add
+// (256-bit halves, 128-bit quarters, pairs, single lanes), then one
+// permutation back into row order. A target attribute, so that code built
+// without AVX-512 may call it where the CPU has it (gemm_bf16_pairs.hpp).
+[[gnu::target("avx512f"), gnu::noinline]] inline __m512 lane_sums_avx512(const __m512 (&acc)[16]) noexcept {
+  __m512 v[8], w[4], x[2];
+  for (int t = 0; t < 8; ++t)  // quarters 0-1: row t's halves added; 2-3: row t + 8's
+    v[t] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[t], acc[t + 8], 0x44), _mm512_shuffle_f32x4(acc[t], acc[t + 8], 0xee));
+  for (int t = 0; t < 4; ++t)  // quarters: rows t, t + 8, t + 4, t + 12
+    w[t] = _mm512_add_ps(_mm512_shuffle_f32x4(v[t], v[t + 4], 0x88), _mm512_shuffle_f32x4(v[t], v[t + 4], 0xdd));
+  for (int t = 0; t < 2; ++t)  // in each quarter, lanes 0 and 2 hold w[t]'s row, 1 and 3 w[t + 2]'s
+    x[t] = _mm512_add_ps(_mm512_unpacklo_ps(w[t], w[t + 2]), _mm512_unpackhi_ps(w[t], w[t + 2]));
+  // Lane j of quarter q: the row of w[0], w[2], w[1], w[3] (j = 0..3) in that quarter.
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x44), _mm512_shuffle_ps(x[0], x[1], 0xee));
+  const __m512i row_order = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+  return _mm512_permutexvar_ps(row_order, sums);
+}
+#endif
+
 // out[i] = the sum of rows[i]'s lanes, for the W = vec<A>::size vectors at
 // rows. xsimd's haddp does all W at once, but its lane order is right only for
 // 8 floats (AVX): xsimd 8.1's 16-lane float version returns the sums permuted
-// (and needs AVX512DQ), so other widths reduce one vector at a time.
+// (and needs AVX512DQ), so 16 floats take lane_sums_avx512 and other widths
+// reduce one vector at a time.
 template <class A>
 void lane_sums(const vec<A>* rows, A* out) {
   constexpr index_t W = vec<A>::size;
+#if defined(__AVX512F__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
+  if constexpr (std::is_same_v<A, float> && W == 16) {
+    __m512 registers[16];
+    for (index_t i = 0; i < W; ++i) registers[i] = rows[i];
+    _mm512_storeu_ps(out, lane_sums_avx512(registers));
+    return;
+  }
+#endif
   if constexpr (std::is_same_v<A, float> && W == 8)
     xsimd::haddp(rows).store_unaligned(out);
   else
     for (index_t i = 0; i < W; ++i) out[i] = xsimd::hadd(rows[i]);
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // out[t] = Σ_c x[c] · R(t, c) for t < rows, R's row t at first + t·stride in
 // its storage type (T, or int8), converted in registers: W rows at a time,

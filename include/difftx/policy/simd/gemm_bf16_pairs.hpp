@@ -187,25 +187,7 @@ struct avx512_bf16_pairs_of {
       for (index_t u = 1; u < unroll; ++u) part[0] = _mm512_add_ps(part[0], part[u]);
       acc[t] = part[0];
     }
-    _mm512_mask_storeu_ps(out, lanes(rows), lane_sums(acc));
-  }
-
-  // Lane t of the result is the sum of acc[t]'s lanes: four rounds of
-  // adding two shuffles of a pair of vectors, each halving what is left to add
-  // (256-bit halves, 128-bit quarters, pairs, single lanes), then one
-  // permutation back into row order.
-  [[gnu::target("avx512f")]] static __m512 lane_sums(const __m512 (&acc)[16]) noexcept {
-    __m512 v[8], w[4], x[2];
-    for (int t = 0; t < 8; ++t)  // quarters 0-1: row t's halves added; 2-3: row t + 8's
-      v[t] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[t], acc[t + 8], 0x44), _mm512_shuffle_f32x4(acc[t], acc[t + 8], 0xee));
-    for (int t = 0; t < 4; ++t)  // quarters: rows t, t + 8, t + 4, t + 12
-      w[t] = _mm512_add_ps(_mm512_shuffle_f32x4(v[t], v[t + 4], 0x88), _mm512_shuffle_f32x4(v[t], v[t + 4], 0xdd));
-    for (int t = 0; t < 2; ++t)  // in each quarter, lanes 0 and 2 hold w[t]'s row, 1 and 3 w[t + 2]'s
-      x[t] = _mm512_add_ps(_mm512_unpacklo_ps(w[t], w[t + 2]), _mm512_unpackhi_ps(w[t], w[t + 2]));
-    // Lane j of quarter q: the row of w[0], w[2], w[1], w[3] (j = 0..3) in that quarter.
-    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x44), _mm512_shuffle_ps(x[0], x[1], 0xee));
-    const __m512i row_order = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
-    return _mm512_permutexvar_ps(row_order, sums);
+    _mm512_mask_storeu_ps(out, lanes(rows), lane_sums_avx512(acc));
   }
 
   // Packing (the layout: see bf16_pair_gemm), 16 lanes of words at a time.
