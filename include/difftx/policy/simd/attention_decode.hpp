@@ -39,10 +39,11 @@ namespace simd_detail {
 
 constexpr index_t max_block_keys = 256;  // keys per work item at most: the scores of a block are a row per query row
 constexpr index_t min_block_keys = 32;   // and at least, where the cache is longer
-// Up to this many query rows per group, the block is read once per row, in its
-// storage type, by dots_per_position (scores) and weighted_sums_of_rows (P·V): a
-// matrix product would pack the whole key (value) block for each call, which
-// costs more than reading the block, from L2, once per row (and for
+// Up to this many query rows per group, the block is read in place, in its
+// storage type, by dots_per_position (scores: each key's row once for all
+// query rows) and weighted_sums_of_rows (P·V: the values once per row, from
+// L2 after the first): a matrix product would pack the whole key (value)
+// block for each call, which costs more than that reading (and for
 // float16/bfloat16 a converted copy of the block costs more than the reading).
 constexpr index_t gemv_rows = 4;
 
@@ -63,6 +64,7 @@ constexpr bool reads_pairs = std::is_same_v<T, Eigen::bfloat16> && std::is_same_
 template <class A, class T>
 constexpr index_t row_step = reads_pairs<A, T> ? 2 * vec<A>::size : vec<A>::size;
 
+// x's d values into pair order, in place (a tail shorter than a run stays).
 template <class A, class T>
 void to_pair_order(A* x, index_t d) {
   constexpr index_t step = row_step<A, T>, W = vec<A>::size;
