@@ -150,6 +150,18 @@ void check_decoding_everywhere(const std::string& label, Make make, int layers =
   check_decoding<Eigen::bfloat16>(label, make, layers);
 }
 
+// Sets every cache row of k [B, S, ...] and v [B, S, ...] past each sequence's
+// length to NaN, so that a kernel reading one gives a NaN output.
+template <class T>
+void nan_past_lengths(Tensor<T, 5>& k, Tensor<T, 4>& v, const std::vector<index_t>& lengths) {
+  const index_t S = k.extent(1), k_row = k.size() / (k.extent(0) * S), v_row = v.size() / (v.extent(0) * S);
+  for (std::size_t b = 0; b < lengths.size(); ++b)
+    for (index_t t = lengths[b]; t < S; ++t) {
+      std::fill_n(k.view()[static_cast<index_t>(b)][t].data(), k_row, T(std::numeric_limits<float>::quiet_NaN()));
+      std::fill_n(v.view()[static_cast<index_t>(b)][t].data(), v_row, T(std::numeric_limits<float>::quiet_NaN()));
+    }
+}
+
 }  // namespace
 
 TEST_CASE("prefill then decode equals one forward: MultiHead, Attention, layers, Stack") {
@@ -250,7 +262,7 @@ TEST_CASE("a cache's stored regions: each sequence's tokens of each tensor, what
     const std::size_t tensors = storage == inference_dtype::int8 ? 4 : 2;  // int8: keys, key steps, values, value steps
     REQUIRE(regions.size() == 2 * tensors);
     std::size_t total = 0;
-    for (std::size_t r = 0; r < regions.size(); ++r) total += regions[r].size();
+    for (const auto& region : regions) total += region.size();
     CHECK(total == (3 + 5) * cache.bytes_per_token());
     for (std::size_t t = 0; t < tensors; ++t)  // sequence 1's rows start at its capacity's first row
       CHECK(regions[2 * t + 1].size() * 3 == regions[2 * t].size() * 5);
@@ -530,16 +542,7 @@ TEST_CASE("attention_decode: simd's kernels at a real model's head sizes, in eve
     const std::vector<index_t> lengths{3, 300, 37};
     auto k = test_support::random_tensor<T, 5>({B, S, G, 2, d}, 2, 2.0);
     auto v = test_support::random_tensor<T, 4>({B, S, G, 2 * d}, 3);
-    for (index_t b = 0; b < B; ++b)
-      for (index_t t = lengths[b]; t < S; ++t) {
-        for (index_t i = 0; i < G * 2 * d; ++i) k.view()[b][t].data()[i] = T(std::numeric_limits<float>::quiet_NaN());
-        for (index_t i = 0; i < G * 2 * d; ++i) v.view()[b][t].data()[i] = T(std::numeric_limits<float>::quiet_NaN());
-      }
-    auto in_double = [](const auto& x) {
-      Tensor<double, std::remove_cvref_t<decltype(x)>::rank> out(x.shape());
-      for (index_t i = 0; i < x.size(); ++i) out.data()[i] = static_cast<double>(x.data()[i]);
-      return out;
-    };
+    nan_past_lengths(k, v, lengths);
     Tensor<A, 1> lambda({1});
     lambda(0) = A(0.3);
     Tensor<double, 1> lambda_double({1});
@@ -548,8 +551,9 @@ TEST_CASE("attention_decode: simd's kernels at a real model's head sizes, in eve
       const auto q = test_support::random_tensor<T, 5>({B, new_tokens, H, 2, d}, 1);
       Tensor<double, 4> o_ref({B, new_tokens, H, 2 * d});
       Tensor<T, 4> o({B, new_tokens, H, 2 * d});
-      attention_decode<2>(policy::reference{}, in_double(q).const_view(), in_double(k).const_view(),
-                          in_double(v).const_view(), lengths, lambda_double.const_view(), o_ref.view());
+      attention_decode<2>(policy::reference{}, test_support::convert<double>(q).const_view(),
+                          test_support::convert<double>(k).const_view(), test_support::convert<double>(v).const_view(),
+                          lengths, lambda_double.const_view(), o_ref.view());
       attention_decode<2>(policy::simd{}, q.const_view(), k.const_view(), v.const_view(), lengths, lambda.const_view(),
                           o.view());
       const double e = testing::normwise_difference(o.data(), o_ref.data(), o.size());
@@ -571,11 +575,7 @@ TEST_CASE("attention_decode: simd equals the reference and reads nothing past a 
   auto q = test_support::random_tensor<float, 5>({B, T, H, 2, d}, 1);
   auto k = test_support::random_tensor<float, 5>({B, S, G, 2, d}, 2, 2.0);
   auto v = test_support::random_tensor<float, 4>({B, S, G, 2 * d}, 3);
-  for (index_t b = 0; b < B; ++b)
-    for (index_t t = lengths[b]; t < S; ++t) {
-      for (index_t i = 0; i < G * 2 * d; ++i) k.view()[b][t].data()[i] = std::numeric_limits<float>::quiet_NaN();
-      for (index_t i = 0; i < G * 2 * d; ++i) v.view()[b][t].data()[i] = std::numeric_limits<float>::quiet_NaN();
-    }
+  nan_past_lengths(k, v, lengths);
   Tensor<float, 1> lambda({1});
   lambda(0) = 0.3f;
   Tensor<float, 4> o_ref({B, T, H, 2 * d}), o({B, T, H, 2 * d});

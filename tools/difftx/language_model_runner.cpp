@@ -71,8 +71,10 @@ class model_runner final : public language_model_runner {
   }
   std::vector<std::span<const std::byte>> cache_read_per_token() const override {
     std::vector<std::span<const std::byte>> read;
-    for (const auto& layer : cache_)
-      for (const auto& region : layer.stored_regions()) read.push_back(region);
+    for (const auto& layer : cache_) {
+      const auto regions = layer.stored_regions();
+      read.insert(read.end(), regions.begin(), regions.end());
+    }
     return read;
   }
   int threads() const override { return policy_threads(model_.policy()); }

@@ -226,6 +226,11 @@ struct block_scores {
   A* row(index_t j, index_t m, index_t r) const {
     return s + ((j * Maps + m) * rows + r) * s_stride;
   }
+  // Group j's and map m's rows x keys scores as a matrix (Eigen's products).
+  template <int Maps>
+  Eigen::Map<row_matrix<A>, 0, Eigen::OuterStride<>> matrix(index_t j, index_t m, index_t keys) const {
+    return {row<Maps>(j, m, 0), rows, keys, Eigen::OuterStride<>(s_stride)};
+  }
 };
 
 // Group j's P·V for every map, acc[m][rows][dv] = P_m · V's `keys` rows (the
@@ -249,12 +254,9 @@ void weighted_sums_per_row(const block_scores<A>& scores, index_t j, const T* v_
 template <int Maps, class A, class Block>
 void block_products(const block_scores<A>& scores, index_t j, index_t keys, const Block& block, index_t dv,
                     const std::array<A*, Maps>& acc) {
-  using strided_rows = Eigen::Map<const row_matrix<A>, 0, Eigen::OuterStride<>>;
   for (std::size_t m = 0; m < Maps; ++m)
     Eigen::Map<row_matrix<A>>(acc[m], scores.rows, dv).noalias() =
-        strided_rows(scores.template row<Maps>(j, static_cast<index_t>(m), 0), scores.rows, keys,
-                     Eigen::OuterStride<>(scores.s_stride)) *
-        block;
+        scores.template matrix<Maps>(j, static_cast<index_t>(m), keys) * block;
 }
 
 // rows x cols values, row t at first + t·stride, as A: in place when T is A
@@ -483,9 +485,7 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview
         const T* first = k_first + (j * Maps + m) * d;
         const A* k_block = rows_as_accum<T>(first, blk.keys, d, G * Maps * d, ws.k_scratch);
         const strided_rows key_rows(k_block, blk.keys, d, Eigen::OuterStride<>(std::is_same_v<T, A> ? G * Maps * d : d));
-        Eigen::Map<row_matrix<A>, 0, Eigen::OuterStride<>>(s.template row<Maps>(j, m, 0), rows, blk.keys,
-                                                            Eigen::OuterStride<>(s.s_stride))
-            .noalias() = ws.q_rows * key_rows.transpose();
+        s.template matrix<Maps>(j, m, blk.keys).noalias() = ws.q_rows * key_rows.transpose();
       }
   };
   auto values = [&](workspace& ws, const decode_block& blk, const block_scores<A>& s, auto&& acc) {
@@ -560,9 +560,7 @@ void attention_decode(const policy::simd& p, cview<T, 5> q, const int8_kv<accum_
         const strided_rows keys(dequantized(k_first + (j * Maps + m) * d, steps + j * Maps + m, G * Maps, blk.keys, d,
                                             G * Maps * d, ws.k_scratch),
                                 blk.keys, d, Eigen::OuterStride<>(d));
-        Eigen::Map<row_matrix<A>, 0, Eigen::OuterStride<>>(s.template row<Maps>(j, m, 0), rows, blk.keys,
-                                                            Eigen::OuterStride<>(s.s_stride))
-            .noalias() = ws.q_rows * keys.transpose();
+        s.template matrix<Maps>(j, m, blk.keys).noalias() = ws.q_rows * keys.transpose();
       }
   };
   auto values = [&](workspace& ws, const decode_block& blk, const block_scores<A>& s, auto&& acc) {
