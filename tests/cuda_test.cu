@@ -67,9 +67,11 @@ void copy_parameters_to_device(Reference& reference, Gpu& gpu) {
   copy_parameters(reference, gpu);
 }
 
-// The module in T on the GPU (on policy p) against the same module in double on the host.
+// The module in T on the GPU (on policy p) against the same module in double
+// on the host; a packed batch [1, total, C] where sequences (cu_seqlens) are given.
 template <class T, class Make>
-void check_module(const std::string& label, Make make, const shape_t<3>& shape, policy::cuda p = {}) {
+void check_module(const std::string& label, Make make, const shape_t<3>& shape, policy::cuda p = {},
+                  sequence_offsets sequences = {}) {
   auto reference = make.template operator()<double, policy::reference>(policy::reference{});
   auto gpu = make.template operator()<T, policy::cuda>(p);
   test_support::randomise_parameters(reference, 11);
@@ -80,12 +82,12 @@ void check_module(const std::string& label, Make make, const shape_t<3>& shape, 
   for (auto* t : {&x, &dy})
     for (index_t i = 0; i < t->size(); ++i) t->data()[i] = through<T>(t->data()[i]);
 
-  const auto [y_ref, dx_ref] = test_support::run_forward_backward(reference, x, dy);
+  const auto [y_ref, dx_ref] = test_support::run_forward_backward(reference, x, dy, sequences);
   const auto x_gpu = to_device<T>(x, p), dy_gpu = to_device<T>(dy, p);
   Tensor<T, 3> y_gpu(shape, p.memory()), dx_gpu(shape, p.memory());
   typename decltype(gpu)::saved_type saved;
   zero_grad(gpu);
-  gpu.forward(x_gpu, y_gpu, saved);
+  test_support::forward_on(gpu, x_gpu, y_gpu, saved, sequences);
   gpu.backward(x_gpu, dy_gpu, saved, dx_gpu);
 
   double scale = testing::max_abs(dx_ref.data(), dx_ref.size());
@@ -515,6 +517,47 @@ TEST_CASE("cuda: MultiHead and baseline Attention on cuDNN's attention") {
   CHECK(refused == 2);  // the one-token case, in both types
   CHECK(on_cudnn + on_own == 2 * (modules + refused));  // a forward and a backward each
   CHECK(on_cudnn >= 2 * modules);                        // every call but the one-token ones on cuDNN
+}
+
+// Packed batches on cuDNN's ragged layout (policy.cudnn_ragged): the
+// sequences are cuDNN's batch, one call per map, against the reference's
+// per-sequence calls in double, forward and every gradient. Lengths 37, 1,
+// 112, 63 (one of one token, none a multiple of a tile, the longest padded to
+// 128 in the graph) and 70 sequences of 1..9 tokens (two launches of the
+// offsets' kernel). The counts say that each module's forward and backward
+// ran as one cuDNN call each: the per-sequence fallback would make a call per
+// sequence and pass the same bars.
+TEST_CASE("cuda: packed batches on cuDNN's ragged layout") {
+  if (!built_with_cudnn) {
+    MESSAGE("this build has no cuDNN attention (CMake found no cuDNN or no cudnn_frontend.h): not run");
+    return;
+  }
+  const policy::cuda p{.attention = policy::cuda_attention::cudnn, .cudnn_ragged = true};
+  auto& calls = p.context->attention_calls;
+  const std::vector<index_t> few{0, 37, 38, 150, 213};
+  std::vector<index_t> many{0};
+  for (index_t s = 0; s < 70; ++s) many.push_back(many.back() + 1 + s % 9);
+  long long expected = 0;
+  auto both_types = [&](const std::string& label, auto make, index_t C, const std::vector<index_t>& sequences) {
+    const shape_t<3> shape{1, sequences.back(), C};
+    const std::string name = label + " " + std::to_string(sequences.size() - 1) + " sequences";
+    check_module<Eigen::half>(name, make, shape, p, sequences);
+    check_module<Eigen::bfloat16>(name, make, shape, p, sequences);
+    expected += 2 * 2;  // a forward and a backward call in each type
+  };
+  const long long before = calls[static_cast<std::size_t>(attention_path::cudnn)].load();
+  both_types("MultiHead D=64 h=4 g=2", multihead_d64({1, 1, 4, 2, true}), 128, few);
+  both_types("MultiHead D=64 h=2 g=1", multihead_d64({1, 1, 2, 1, true}), 128, many);
+  both_types("MultiHead D=128", multihead_d128, 256, few);
+  both_types("Attention D=64", attention_d64, 128, few);
+  both_types(
+      "MultiHeadV2 D=64", []<class U, class P>(P q) {
+        return MultiHeadV2<U, dynamic, P>({.d_model = 128, .heads = 2, .kv_heads = 1, .head_dim = 64}, q);
+      },
+      128, few);
+  const long long on_cudnn = calls[static_cast<std::size_t>(attention_path::cudnn)].load() - before;
+  MESSAGE("attention calls on cuDNN: " << on_cudnn << " (one per packed forward or backward: " << expected << ")");
+  CHECK(on_cudnn == expected);
 }
 
 TEST_CASE("cuda: baseline Attention and DecoderLayer") {

@@ -7,9 +7,10 @@
 //  - policy fake_device runs MultiHead's ops as a device policy must look from
 //    outside: the reference kernels on host copies of the device tensors, the
 //    outputs uploaded back.
-// Also policy::cuda's plan cache (policy/cuda/plan_cache.hpp) and its choice
-// of attention kernels (policy/cuda/attention_path.hpp), host code that needs
-// no GPU either.
+// Also policy::cuda's plan cache (policy/cuda/plan_cache.hpp), its choice
+// of attention kernels (policy/cuda/attention_path.hpp) and the index
+// arithmetic of cuDNN's ragged layout (policy/cuda/ragged_layout.hpp), host
+// code that needs no GPU either.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include <difftx/modules/copy_parameters.hpp>
 #include <difftx/policy/cuda/attention_path.hpp>
 #include <difftx/policy/cuda/plan_cache.hpp>
+#include <difftx/policy/cuda/ragged_layout.hpp>
 
 #include "support/helpers.hpp"
 
@@ -466,4 +468,44 @@ TEST_CASE("policy::cuda's attention goes to cuDNN only where it applies") {
   expect_input_error(
       [] { cuda_detail::require_attention_available("attention_forward", cuda_attention::cudnn, false); },
       "attention_forward", "policy.attention", "built without cuDNN", "cuda_attention::cudnn");
+}
+
+// A packed batch's statistics in cuDNN's ragged layout map one to one onto
+// lse [1, H, Maps, total] as the per-sequence calls hold it: every (map,
+// head, row) lands on the element that packed_sequence::lse's view of its
+// sequence (modules/sequences.hpp) names, and so on each element once.
+TEST_CASE("policy::cuda's ragged layout: rows to sequences, statistics to lse's per-sequence blocks") {
+  const std::vector<std::int64_t> rows{0, 37, 38, 150, 213};  // lengths 37, 1, 112, 63
+  const int sequences = static_cast<int>(rows.size()) - 1, H = 3, maps = 2;
+  const std::int64_t total = rows.back();
+  Tensor<int, 4> lse({1, H, maps, total});
+  std::vector<int> seen(static_cast<std::size_t>(lse.size()), 0);
+  for (int b = 0; b < sequences; ++b) {
+    const auto block = detail::packed_sequence{rows[b], rows[b + 1]}.lse(lse.view());
+    for (std::int64_t t = rows[b]; t < rows[b + 1]; ++t) {
+      CHECK(cuda_detail::sequence_of_row(rows.data(), sequences, t) == b);
+      for (int h = 0; h < H; ++h)
+        for (int m = 0; m < maps; ++m) {
+          const std::int64_t index = cuda_detail::packed_lse_index(rows.data(), sequences, H, maps, h, m, t);
+          CHECK(lse.data() + index == &block(0, h, m, t - rows[b]));
+          ++seen[static_cast<std::size_t>(index)];
+        }
+    }
+  }
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+
+  using cuda_detail::ragged_padded_length;
+  CHECK(ragged_padded_length(1) == 64);
+  CHECK(ragged_padded_length(64) == 64);
+  CHECK(ragged_padded_length(65) == 128);
+  CHECK(ragged_padded_length(4096) == 4096);
+  CHECK(ragged_padded_length(4097) == 8192);
+  // Row widths of q [.., H, Maps, d], k [.., G, Maps, d], v [.., G, dv], o [.., H, dv], stats [.., H].
+  using cuda_detail::ragged_row_elements;
+  CHECK(ragged_row_elements(cuda_detail::ragged_q, 12, 4, 2, 128, 256) == 12 * 2 * 128);
+  CHECK(ragged_row_elements(cuda_detail::ragged_k, 12, 4, 2, 128, 256) == 4 * 2 * 128);
+  CHECK(ragged_row_elements(cuda_detail::ragged_v, 12, 4, 2, 128, 256) == 4 * 256);
+  CHECK(ragged_row_elements(cuda_detail::ragged_o, 12, 4, 2, 128, 256) == 12 * 256);
+  CHECK(ragged_row_elements(cuda_detail::ragged_stats, 12, 4, 2, 128, 256) == 12);
+  CHECK(ragged_row_elements(cuda_detail::ragged_rows, 12, 4, 2, 128, 256) == 1);
 }

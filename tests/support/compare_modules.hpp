@@ -4,6 +4,7 @@
 // the candidate's, so both see exactly the same numbers.
 #pragma once
 
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -27,13 +28,26 @@ auto round_through(From v) {
   return scalar_traits<From>::from_double(scalar_traits<To>::to_double(scalar_traits<To>::from_double(scalar_traits<From>::to_double(v))));
 }
 
+// model.forward(x, y, saved), on a packed batch where sequences (cu_seqlens) are given.
+template <class Module, class X, class Y>
+void forward_on(const Module& model, const X& x, Y& y, typename Module::saved_type& saved,
+                difftx::sequence_offsets sequences) {
+  if constexpr (requires { model.forward(x, y, saved, sequences); })
+    model.forward(x, y, saved, sequences);
+  else if (sequences.empty())
+    model.forward(x, y, saved);
+  else
+    throw std::logic_error("test_support::forward_on: a packed batch for a module that takes none");
+}
+
 template <class Module, class T = typename Module::value_type>
 std::pair<difftx::Tensor<T, 3>, difftx::Tensor<T, 3>> run_forward_backward(Module& model, const difftx::Tensor<T, 3>& x,
-                                                                            const difftx::Tensor<T, 3>& dy) {
+                                                                            const difftx::Tensor<T, 3>& dy,
+                                                                            difftx::sequence_offsets sequences = {}) {
   difftx::Tensor<T, 3> y(dy.shape()), dx(x.shape());
   typename Module::saved_type saved;
   difftx::zero_grad(model);
-  model.forward(x, y, saved);
+  forward_on(model, x, y, saved, sequences);
   model.backward(x, dy, saved, dx);
   return {std::move(y), std::move(dx)};
 }

@@ -109,14 +109,18 @@ class DiffAttn {
     saved.lse.resize({B, heads_, 2, N}, policy_.memory());
     saved.o2.resize(output_shape(B, N), policy_.memory());
     forward_lambda(saved.lambda.view());
-    detail::for_each_sequence(sequences, [&](const auto& seq) {
-      if constexpr (low_bit_policy<Policy>)
-        attention_forward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
-                             seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()), logit_bits_, qk_dtype_);
-      else
-        attention_forward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
-                             seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()));
-    });
+    // A packed batch in one call where the policy has such a path, else a call per sequence.
+    if (!attention_forward_packed<2>(policy_, q, k, v, saved.lambda.const_view(), causal_, o, saved.o2.view(),
+                                     saved.lse.view(), sequences))
+      detail::for_each_sequence(sequences, [&](const auto& seq) {
+        if constexpr (low_bit_policy<Policy>)
+          attention_forward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
+                               seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()), logit_bits_,
+                               qk_dtype_);
+        else
+          attention_forward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
+                               seq.rows(o), seq.rows(saved.o2.view()), seq.lse(saved.lse.view()));
+      });
     saved.sequences.assign(sequences.begin(), sequences.end());
     saved.input_shape = {B, N, heads_};
   }
@@ -135,16 +139,24 @@ class DiffAttn {
     require_shape(where, "dv", dv, v.shape());
     require_trainable(where);
     // A packed batch: lambda's gradient is a sum over its sequences, so each
-    // sequence's dlambda goes through diff_lambda_backward, which accumulates.
+    // call's dlambda goes through diff_lambda_backward, which accumulates.
     Tensor<accum_t<T>, 1> dlambda({1}, policy_.memory());
-    detail::for_each_sequence(saved.sequences, [&](const auto& seq) {
-      attention_backward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
-                            seq.rows(o), seq.rows(saved.o2.const_view()), seq.lse(saved.lse.const_view()),
-                            seq.rows(d_o), seq.rows(dq), seq.rows(dk), seq.rows(dv), dlambda.view());
+    auto lambda_backward = [&] {
       diff_lambda_backward(policy_, lambda_q1_.value.const_view(), lambda_k1_.value.const_view(),
                            lambda_q2_.value.const_view(), lambda_k2_.value.const_view(), dlambda.const_view(),
                            lambda_q1_.grad.view(), lambda_k1_.grad.view(), lambda_q2_.grad.view(),
                            lambda_k2_.grad.view());
+    };
+    if (attention_backward_packed<2>(policy_, q, k, v, saved.lambda.const_view(), causal_, o, saved.o2.const_view(),
+                                     saved.lse.const_view(), d_o, dq, dk, dv, dlambda.view(), saved.sequences)) {
+      lambda_backward();
+      return;
+    }
+    detail::for_each_sequence(saved.sequences, [&](const auto& seq) {
+      attention_backward<2>(policy_, seq.rows(q), seq.rows(k), seq.rows(v), saved.lambda.const_view(), causal_,
+                            seq.rows(o), seq.rows(saved.o2.const_view()), seq.lse(saved.lse.const_view()),
+                            seq.rows(d_o), seq.rows(dq), seq.rows(dk), seq.rows(dv), dlambda.view());
+      lambda_backward();
     });
   }
 

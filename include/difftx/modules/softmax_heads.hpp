@@ -72,15 +72,22 @@ class SoftmaxHeads {
     for_each_sequence(sequences, [&](const auto& seq) {
       rope_forward(policy_, seq.rows(rope_vectors(s.q)), 0, config_.rope_theta);
       rope_forward(policy_, seq.rows(rope_vectors(s.k)), 0, config_.rope_theta);
-      if constexpr (low_bit_policy<Policy>)
-        attention_forward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()),
-                             seq.rows(s.v.const_view()), cview<accum_t<T>, 1>{}, config_.causal, seq.rows(s.o.view()),
-                             TensorView<T, 4>{}, seq.lse(s.lse.view()), config_.logit_bits, config_.qk_dtype);
-      else
-        attention_forward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()),
-                             seq.rows(s.v.const_view()), cview<accum_t<T>, 1>{}, config_.causal, seq.rows(s.o.view()),
-                             TensorView<T, 4>{}, seq.lse(s.lse.view()));
     });
+    // A packed batch in one call where the policy has such a path, else a call per sequence.
+    if (!attention_forward_packed<1>(policy_, s.q.const_view(), s.k.const_view(), s.v.const_view(),
+                                     cview<accum_t<T>, 1>{}, config_.causal, s.o.view(), TensorView<T, 4>{},
+                                     s.lse.view(), sequences))
+      for_each_sequence(sequences, [&](const auto& seq) {
+        if constexpr (low_bit_policy<Policy>)
+          attention_forward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()),
+                               seq.rows(s.v.const_view()), cview<accum_t<T>, 1>{}, config_.causal,
+                               seq.rows(s.o.view()), TensorView<T, 4>{}, seq.lse(s.lse.view()), config_.logit_bits,
+                               config_.qk_dtype);
+        else
+          attention_forward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()),
+                               seq.rows(s.v.const_view()), cview<accum_t<T>, 1>{}, config_.causal,
+                               seq.rows(s.o.view()), TensorView<T, 4>{}, seq.lse(s.lse.view()));
+      });
     s.sequences.assign(sequences.begin(), sequences.end());
     s.input_shape = x.shape();
   }
@@ -91,11 +98,18 @@ class SoftmaxHeads {
     auto& memory = policy_.memory();
     Tensor<T, 5> dq(s.q.shape(), memory), dk(s.k.shape(), memory);
     Tensor<T, 4> dv(s.v.shape(), memory);
+    if (!attention_backward_packed<1>(policy_, s.q.const_view(), s.k.const_view(), s.v.const_view(),
+                                      cview<accum_t<T>, 1>{}, config_.causal, s.o.const_view(), cview<T, 4>{},
+                                      s.lse.const_view(), d_o, dq.view(), dk.view(), dv.view(),
+                                      TensorView<accum_t<T>, 1>{}, s.sequences))
+      for_each_sequence(s.sequences, [&](const auto& seq) {
+        attention_backward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()),
+                              seq.rows(s.v.const_view()), cview<accum_t<T>, 1>{}, config_.causal,
+                              seq.rows(s.o.const_view()), cview<T, 4>{}, seq.lse(s.lse.const_view()), seq.rows(d_o),
+                              seq.rows(dq.view()), seq.rows(dk.view()), seq.rows(dv.view()),
+                              TensorView<accum_t<T>, 1>{});
+      });
     for_each_sequence(s.sequences, [&](const auto& seq) {
-      attention_backward<1>(policy_, seq.rows(s.q.const_view()), seq.rows(s.k.const_view()), seq.rows(s.v.const_view()),
-                            cview<accum_t<T>, 1>{}, config_.causal, seq.rows(s.o.const_view()), cview<T, 4>{},
-                            seq.lse(s.lse.const_view()), seq.rows(d_o), seq.rows(dq.view()), seq.rows(dk.view()),
-                            seq.rows(dv.view()), TensorView<accum_t<T>, 1>{});
       rope_backward(policy_, seq.rows(rope_vectors(dq)), 0, config_.rope_theta);
       rope_backward(policy_, seq.rows(rope_vectors(dk)), 0, config_.rope_theta);
     });

@@ -25,6 +25,8 @@
 //                 (the integer sum exact; the two products left to right).
 #pragma once
 
+#include <span>
+
 #include "difftx/ops/common.hpp"
 #include "difftx/ops/int8.hpp"
 
@@ -90,3 +92,24 @@ void check_qk_dtype(std::string_view where, inference_dtype qk, index_t d) {
 }
 
 }  // namespace difftx::detail
+
+namespace difftx {
+
+// A packed batch (q [1, total, H, Maps, d], sequences = its cu_seqlens) in one
+// call, where a policy has such a path (policy::cuda: cuDNN's ragged layout,
+// where asked for). false: nothing was written, and the caller runs the op on
+// each sequence's rows. Same layouts, results and saved state as those
+// per-sequence calls (lse in per-sequence blocks, modules/sequences.hpp).
+template <int Maps, class Policy, class T>
+bool attention_forward_packed(const Policy&, cview<T, 5>, cview<T, 5>, cview<T, 4>, cview<accum_t<T>, 1>, bool,
+                              TensorView<T, 4>, TensorView<T, 4>, TensorView<accum_t<T>, 4>, std::span<const index_t>) {
+  return false;
+}
+template <int Maps, class Policy, class T>
+bool attention_backward_packed(const Policy&, cview<T, 5>, cview<T, 5>, cview<T, 4>, cview<accum_t<T>, 1>, bool,
+                               cview<T, 4>, cview<T, 4>, cview<accum_t<T>, 4>, cview<T, 4>, TensorView<T, 5>,
+                               TensorView<T, 5>, TensorView<T, 4>, TensorView<accum_t<T>, 1>, std::span<const index_t>) {
+  return false;
+}
+
+}  // namespace difftx

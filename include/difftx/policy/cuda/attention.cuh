@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cmath>
+#include <span>
 
 #include "difftx/core/tensor.hpp"
 #include "difftx/ops/attention.hpp"
@@ -69,7 +70,7 @@ void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvie
 #if defined(DIFFTX_CUDNN)
   if constexpr (has_tensor_cores<T>)
     if (try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), Maps == 2 ? o2.data() : o.data()}) &&
-        cudnn_attention_forward<Maps>(p, s, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr, o.data(),
+        cudnn_attention_forward<Maps>(p, s, nullptr, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr, o.data(),
                                       Maps == 2 ? o2.data() : nullptr, lse.data()))
       return record(p, attention_path::cudnn);
 #endif
@@ -127,7 +128,7 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
   if constexpr (has_tensor_cores<T>)
     if (try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), d_o.data(), dq.data(), dk.data(), dv.data(),
                             Maps == 2 ? o2.data() : o.data()}) &&
-        cudnn_attention_backward<Maps>(p, s, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr,
+        cudnn_attention_backward<Maps>(p, s, nullptr, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr,
                                        o.data(), Maps == 2 ? o2.data() : nullptr, lse.data(), d_o.data(), dq.data(),
                                        dk.data(), dv.data(), Maps == 2 ? dlambda.data() : nullptr))
       return record(p, attention_path::cudnn);
@@ -188,5 +189,65 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
   else
     launch_simt(std::integral_constant<int, 128>{});
 }
+
+#if defined(DIFFTX_CUDNN)
+// A packed batch (q [1, total, H, Maps, d], sequences = its cu_seqlens) in one
+// cuDNN call per map through its ragged layout (attention_cudnn.cuh), where
+// the policy asks for it (policy.cudnn_ragged) and cuDNN takes the shape.
+// false: nothing written; the caller runs attention_forward on each sequence
+// (ops/attention.hpp). Without cuDNN, that generic false is all there is.
+template <int Maps, class T>
+  requires supported_by<policy::cuda, T>
+bool attention_forward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                              cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
+                              TensorView<accum_t<T>, 4> lse, std::span<const index_t> sequences) {
+  using namespace cuda_detail;
+  if constexpr (!has_tensor_cores<T>) {
+    return false;
+  } else {
+    if (!p.cudnn_ragged || sequences.size() < 3) return false;  // a dense batch, or a single sequence
+    constexpr std::string_view where = "attention_forward";
+    detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, "o");
+    const auto s = shape_of(q, k, v, causal);
+    if (!try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), Maps == 2 ? o2.data() : o.data()})) return false;
+    auto ragged = cudnn_ragged_batch_of(p, s, Maps, sequences);
+    if (!cudnn_attention_forward<Maps>(p, s, &ragged, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr,
+                                       o.data(), Maps == 2 ? o2.data() : nullptr, lse.data()))
+      return false;
+    record(p, attention_path::cudnn);
+    return true;
+  }
+}
+
+// The backward of attention_forward_packed: dq, dk, dv and dlambda (Maps = 2)
+// assigned over the whole batch, or false with nothing written.
+template <int Maps, class T>
+  requires supported_by<policy::cuda, T>
+bool attention_backward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                               cview<accum_t<T>, 1> lambda, bool causal, cview<T, 4> o, cview<T, 4> o2,
+                               cview<accum_t<T>, 4> lse, cview<T, 4> d_o, TensorView<T, 5> dq, TensorView<T, 5> dk,
+                               TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda, std::span<const index_t> sequences) {
+  using namespace cuda_detail;
+  if constexpr (!has_tensor_cores<T>) {
+    return false;
+  } else {
+    if (!p.cudnn_ragged || sequences.size() < 3) return false;
+    constexpr std::string_view where = "attention_backward";
+    detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
+                                           dlambda);
+    const auto s = shape_of(q, k, v, causal);
+    if (!try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), d_o.data(), dq.data(), dk.data(), dv.data(),
+                             Maps == 2 ? o2.data() : o.data()}))
+      return false;
+    auto ragged = cudnn_ragged_batch_of(p, s, Maps, sequences);
+    if (!cudnn_attention_backward<Maps>(p, s, &ragged, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr,
+                                        o.data(), Maps == 2 ? o2.data() : nullptr, lse.data(), d_o.data(), dq.data(),
+                                        dk.data(), dv.data(), Maps == 2 ? dlambda.data() : nullptr))
+      return false;
+    record(p, attention_path::cudnn);
+    return true;
+  }
+}
+#endif  // DIFFTX_CUDNN
 
 }  // namespace difftx

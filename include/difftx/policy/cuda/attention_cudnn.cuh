@@ -25,6 +25,16 @@
 //   Stats_m in lse [B, H, Maps, N] as [B, H, N, 1]: (H·Maps·N, Maps·N, 1, 1) forward,
 //           packed (H·N, N, 1, 1) in the backward (a copy per map where Maps = 2)
 //
+// A packed batch (policy.cudnn_ragged) goes in one call per map through
+// cuDNN's ragged layout: its sequences are cuDNN's batch, each padded to one
+// length L that is never stored (the longest rounded up to a power of two, so
+// that packs of similar lengths share a graph): sequence b's rows start
+// offsets[b] elements into each tensor and the padding mask holds each to its
+// own length. The statistics go through a scratch [Maps, total, H] (the
+// layout cuDNN's ragged statistics take), copied from and to the per-sequence
+// blocks of lse [1, H, Maps, total] that per-sequence calls use
+// (modules/sequences.hpp), so either path's saved state serves the other.
+//
 // Graphs are built once per shape and kept in the policy's context with the
 // workspace size they need (plan_cache.hpp). Compiled only where CMake found
 // cuDNN and the frontend (DIFFTX_CUDNN, target difftx::cudnn).
@@ -32,11 +42,13 @@
 
 #if defined(DIFFTX_CUDNN)
 
+#include <algorithm>
 #include <cmath>
 #include <compare>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -48,6 +60,7 @@
 #include "difftx/policy/cuda/attention_simt.cuh"
 #include "difftx/policy/cuda/elementwise.cuh"
 #include "difftx/policy/cuda/plan_cache.hpp"
+#include "difftx/policy/cuda/ragged_layout.hpp"
 #include "difftx/policy/cuda/tag.cuh"
 
 namespace difftx::cuda_detail {
@@ -73,7 +86,7 @@ inline bool refused(fe::error_t status) {
 
 // One attention problem as cuDNN sees it: a graph's key.
 struct cudnn_attention_key {
-  bool bfloat16 = false, causal = false, backward = false;
+  bool bfloat16 = false, causal = false, backward = false, ragged = false;  // ragged: B sequences padded to N
   std::int64_t B = 0, N = 0, H = 0, G = 0, maps = 0, d = 0, dv = 0;
   auto operator<=>(const cudnn_attention_key&) const = default;
 };
@@ -86,7 +99,35 @@ struct cudnn_attention_graph {
 };
 
 // The tensors' ids in a graph's variant pack.
-enum cudnn_uid : std::int64_t { q_uid = 1, k_uid, v_uid, o_uid, stats_uid, d_o_uid, dq_uid, dk_uid, dv_uid };
+enum cudnn_uid : std::int64_t {
+  q_uid = 1, k_uid, v_uid, o_uid, stats_uid, d_o_uid, dq_uid, dk_uid, dv_uid,
+  seq_len_q_uid, seq_len_kv_uid, q_offsets_uid, k_offsets_uid, v_offsets_uid, o_offsets_uid, stats_offsets_uid
+};
+
+// A packed batch as cuDNN's ragged layout reads it, in device memory: each
+// sequence's length and, per tensor, the element offset of each sequence's
+// first row (sequences + 1 offsets; row `ragged_rows` counts rows: cu_seqlens).
+struct cudnn_ragged_batch {
+  std::int64_t sequences = 0, padded_length = 0, total = 0;
+  Tensor<std::int32_t, 1> lengths;  // [sequences]
+  Tensor<std::int64_t, 2> offsets;  // [ragged_tensor_count, sequences + 1]
+  std::int64_t* offsets_of(ragged_tensor t) { return offsets.data() + t * offsets.extent(1); }
+};
+
+constexpr int ragged_chunk = 64;  // sequences per launch: their row offsets travel as a kernel parameter
+struct ragged_chunk_args {
+  int first = 0, count = 0, sequences = 0;
+  long long begin[ragged_chunk + 1] = {};  // cu_seqlens[first .. first + count]
+  long long row_elements[ragged_tensor_count] = {};
+};
+// Thread i writes sequence first + i's offsets (i = count: the next one's, or the end) and length.
+__global__ void write_ragged_batch(ragged_chunk_args a, std::int32_t* lengths, std::int64_t* offsets) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i > a.count) return;
+  const int b = a.first + i;
+  for (int t = 0; t < ragged_tensor_count; ++t) offsets[t * (a.sequences + 1) + b] = a.begin[i] * a.row_elements[t];
+  if (i < a.count) lengths[b] = static_cast<std::int32_t>(a.begin[i + 1] - a.begin[i]);
+}
 
 // The cuDNN handle (on the policy's stream) and the graphs built so far, one
 // per context, made on first use.
@@ -126,36 +167,71 @@ inline std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(co
     const std::vector<std::int64_t> k_dim{B, G, N, d}, k_stride{N * G * M * d, M * d, G * M * d, 1};
     const std::vector<std::int64_t> v_dim{B, G, N, dv}, v_stride{N * G * dv, dv, G * dv, 1};
     const std::vector<std::int64_t> o_dim{B, H, N, dv}, o_stride{N * H * dv, dv, H * dv, 1};
-    // The forward writes map m's statistics into lse [B, H, Maps, N]; the
-    // backward reads them packed [B, H, N] (cuDNN before 9.26 takes no other
-    // layout there), copied out by cudnn_attention_backward.
+    // The dense forward writes map m's statistics into lse [B, H, Maps, N]; the
+    // dense backward reads them packed [B, H, N] (cuDNN before 9.26 takes no
+    // other layout there), copied out by cudnn_attention_backward; a ragged
+    // graph reads and writes [total, H] rows.
     const std::vector<std::int64_t> stats_dim{B, H, N, 1},
-        stats_stride = key.backward ? std::vector<std::int64_t>{H * N, N, 1, 1}
-                                    : std::vector<std::int64_t>{H * M * N, M * N, 1, 1};
+        stats_stride = key.ragged     ? std::vector<std::int64_t>{N * H, 1, H, 1}
+                       : key.backward ? std::vector<std::int64_t>{H * N, N, 1, 1}
+                                      : std::vector<std::int64_t>{H * M * N, M * N, 1, 1};
     auto q = tensor("Q", q_uid, q_dim, q_stride), k = tensor("K", k_uid, k_dim, k_stride),
          v = tensor("V", v_uid, v_dim, v_stride);
+    // A ragged graph's lengths and offsets (cudnn_ragged_batch), and which tensor takes which offsets.
+    std::shared_ptr<fe::graph::Tensor_attributes> seq_len_q, seq_len_kv, offsets[ragged_tensor_count];
+    auto index_tensor = [&](const char* name, cudnn_uid uid, std::int64_t n, fe::DataType_t type) {
+      auto t = tensor(name, uid, {n, 1, 1, 1}, {1, 1, 1, 1});
+      t->set_data_type(type);
+      return t;
+    };
+    auto ragged = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, ragged_tensor which) {
+      if (key.ragged) t->set_ragged_offset(offsets[which]);
+    };
+    if (key.ragged) {
+      seq_len_q = index_tensor("seq_len_q", seq_len_q_uid, B, fe::DataType_t::INT32);
+      seq_len_kv = index_tensor("seq_len_kv", seq_len_kv_uid, B, fe::DataType_t::INT32);
+      offsets[ragged_q] = index_tensor("q_offsets", q_offsets_uid, B + 1, fe::DataType_t::INT64);
+      offsets[ragged_k] = index_tensor("k_offsets", k_offsets_uid, B + 1, fe::DataType_t::INT64);
+      offsets[ragged_v] = index_tensor("v_offsets", v_offsets_uid, B + 1, fe::DataType_t::INT64);
+      offsets[ragged_o] = index_tensor("o_offsets", o_offsets_uid, B + 1, fe::DataType_t::INT64);
+      offsets[ragged_stats] = index_tensor("stats_offsets", stats_offsets_uid, B + 1, fe::DataType_t::INT64);
+      ragged(q, ragged_q);
+      ragged(k, ragged_k);
+      ragged(v, ragged_v);
+    }
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     if (!key.backward) {
-      auto [o, stats] = graph->sdpa(q, k, v,
-                                    fe::graph::SDPA_attributes()
-                                        .set_name("difftx attention map")
-                                        .set_generate_stats(true)
-                                        .set_attn_scale(scale)
-                                        .set_causal_mask(key.causal));
+      auto options = fe::graph::SDPA_attributes()
+                         .set_name("difftx attention map")
+                         .set_generate_stats(true)
+                         .set_attn_scale(scale)
+                         .set_causal_mask(key.causal);
+      if (key.ragged) options.set_padding_mask(true).set_seq_len_q(seq_len_q).set_seq_len_kv(seq_len_kv);
+      auto [o, stats] = graph->sdpa(q, k, v, options);
       o->set_output(true).set_uid(o_uid).set_dim(o_dim).set_stride(o_stride);
       stats->set_output(true).set_uid(stats_uid).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim).set_stride(
           stats_stride);
+      ragged(o, ragged_o);
+      ragged(stats, ragged_stats);
     } else {
       auto o = tensor("O", o_uid, o_dim, o_stride), d_o = tensor("dO", d_o_uid, o_dim, o_stride);
       auto stats = tensor("Stats", stats_uid, stats_dim, stats_stride);
       stats->set_data_type(fe::DataType_t::FLOAT);
-      auto [dq, dk, dv_out] = graph->sdpa_backward(
-          q, k, v, o, d_o, stats,
-          fe::graph::SDPA_backward_attributes().set_name("difftx attention map backward").set_attn_scale(scale).set_causal_mask(
-              key.causal));
+      ragged(o, ragged_o);
+      ragged(d_o, ragged_o);
+      ragged(stats, ragged_stats);
+      auto options = fe::graph::SDPA_backward_attributes()
+                         .set_name("difftx attention map backward")
+                         .set_attn_scale(scale)
+                         .set_causal_mask(key.causal);
+      if (key.ragged) options.set_padding_mask(true).set_seq_len_q(seq_len_q).set_seq_len_kv(seq_len_kv);
+      auto [dq, dk, dv_out] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
       dq->set_output(true).set_uid(dq_uid).set_dim(q_dim).set_stride(q_stride);
       dk->set_output(true).set_uid(dk_uid).set_dim(k_dim).set_stride(k_stride);
       dv_out->set_output(true).set_uid(dv_uid).set_dim(v_dim).set_stride(v_stride);
+      ragged(dq, ragged_q);
+      ragged(dk, ragged_k);
+      ragged(dv_out, ragged_v);
     }
     auto built = std::make_shared<cudnn_attention_graph>();
     if (const fe::error_t status = graph->build(state.handle, {fe::HeurMode_t::A}); !refused(status)) {
@@ -167,8 +243,18 @@ inline std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(co
   });
 }
 
-inline void run_cudnn_graph(const policy::cuda& p, const cudnn_attention_graph& built,
+// Runs a graph on `pointers`, plus a ragged graph's lengths and offsets.
+inline void run_cudnn_graph(const policy::cuda& p, const cudnn_attention_graph& built, cudnn_ragged_batch* ragged,
                             std::unordered_map<std::int64_t, void*> pointers) {
+  if (ragged) {
+    pointers.insert({{seq_len_q_uid, ragged->lengths.data()},
+                     {seq_len_kv_uid, ragged->lengths.data()},
+                     {q_offsets_uid, ragged->offsets_of(ragged_q)},
+                     {k_offsets_uid, ragged->offsets_of(ragged_k)},
+                     {v_offsets_uid, ragged->offsets_of(ragged_v)},
+                     {o_offsets_uid, ragged->offsets_of(ragged_o)},
+                     {stats_offsets_uid, ragged->offsets_of(ragged_stats)}});
+  }
   const auto bytes = static_cast<std::size_t>(built.workspace_bytes);
   void* workspace = bytes > 0 ? p.memory().allocate(bytes) : nullptr;  // stream-ordered: freed behind the call
   try {
@@ -180,34 +266,87 @@ inline void run_cudnn_graph(const policy::cuda& p, const cudnn_attention_graph& 
   if (workspace) p.memory().deallocate(workspace, bytes);
 }
 
+// s: the call's shape (for a packed batch, the whole batch as one sequence:
+// B = 1, N = total); ragged: the packed batch's sequences, or none.
 template <class T>
-cudnn_attention_key cudnn_key_of(const attention_shape& s, int maps, bool backward) {
-  return {std::is_same_v<T, Eigen::bfloat16>, s.causal, backward, s.B, s.N, s.H, s.G, maps, s.d, s.dv};
+cudnn_attention_key cudnn_key_of(const attention_shape& s, int maps, bool backward, const cudnn_ragged_batch* ragged) {
+  const bool bfloat16 = std::is_same_v<T, Eigen::bfloat16>;
+  if (ragged) return {bfloat16, s.causal, backward, true, ragged->sequences, ragged->padded_length, s.H, s.G, maps, s.d, s.dv};
+  return {bfloat16, s.causal, backward, false, s.B, s.N, s.H, s.G, maps, s.d, s.dv};
+}
+
+// A packed batch's lengths and offsets on the device, for a call of shape s
+// (q [1, total, H, Maps, d]); cu_seqlens checked by the caller. Written by
+// kernels whose parameters carry the offsets: no host synchronisation.
+inline cudnn_ragged_batch cudnn_ragged_batch_of(const policy::cuda& p, const attention_shape& s, int maps,
+                                                std::span<const index_t> cu_seqlens) {
+  cudnn_ragged_batch r;
+  r.sequences = static_cast<std::int64_t>(cu_seqlens.size()) - 1;
+  r.total = cu_seqlens.back();
+  index_t longest = 0;
+  for (std::size_t b = 0; b + 1 < cu_seqlens.size(); ++b) longest = std::max(longest, cu_seqlens[b + 1] - cu_seqlens[b]);
+  r.padded_length = ragged_padded_length(longest);
+  r.lengths = Tensor<std::int32_t, 1>({r.sequences}, p.memory());
+  r.offsets = Tensor<std::int64_t, 2>({ragged_tensor_count, r.sequences + 1}, p.memory());
+  ragged_chunk_args a;
+  a.sequences = static_cast<int>(r.sequences);
+  for (int t = 0; t < ragged_tensor_count; ++t)
+    a.row_elements[t] = ragged_row_elements(static_cast<ragged_tensor>(t), s.H, s.G, maps, s.d, s.dv);
+  for (int first = 0; first < a.sequences; first += ragged_chunk) {
+    a.first = first;
+    a.count = std::min(ragged_chunk, a.sequences - first);
+    for (int i = 0; i <= a.count; ++i) a.begin[i] = cu_seqlens[static_cast<std::size_t>(first + i)];
+    write_ragged_batch<<<1, ragged_chunk + 1, 0, p.stream()>>>(a, r.lengths.data(), r.offsets.data());
+    DIFFTX_CUDA_CHECK(cudaGetLastError());
+  }
+  return r;
+}
+
+// A packed batch's statistics between lse [1, H, Maps, total], in
+// per-sequence blocks [H, Maps, length], and cuDNN's ragged rows stats [Maps, total, H].
+template <bool ToStats, class A>
+void convert_ragged_stats(const policy::cuda& p, cudnn_ragged_batch& ragged, int H, int maps, A* lse, A* stats) {
+  const std::int64_t* rows = ragged.offsets_of(ragged_rows);
+  const int sequences = static_cast<int>(ragged.sequences);
+  const long long total = ragged.total;
+  launch_for_each(p, maps * total * H, [=] __device__(long long i) {
+    const int h = static_cast<int>(i % H), m = static_cast<int>(i / (total * H));
+    A &in_lse = lse[packed_lse_index(rows, sequences, H, maps, h, m, (i / H) % total)], &in_stats = stats[i];
+    if constexpr (ToStats)
+      in_stats = in_lse;
+    else
+      in_lse = in_stats;
+  });
 }
 
 // q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv] -> o [B,N,H,dv]; saved o2 (Maps = 2), lse [B,H,Maps,N]
-// false where cuDNN refuses the shape (nothing written).
+// (ragged: B = 1, N = total, lse in per-sequence blocks). false where cuDNN
+// refuses the shape (nothing written).
 template <int Maps, class T>
-bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, const T* q, const T* k, const T* v,
-                             const accum_t<T>* lambda, T* o, T* o2, accum_t<T>* lse) {
-  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, false));
+bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, cudnn_ragged_batch* ragged, const T* q,
+                             const T* k, const T* v, const accum_t<T>* lambda, T* o, T* o2, accum_t<T>* lse) {
+  using A = accum_t<T>;
+  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, false, ragged));
   if (!graph->graph) return false;
   auto* mutable_q = const_cast<T*>(q);  // the variant pack takes void*; cuDNN only reads its inputs
   auto* mutable_k = const_cast<T*>(k);
   auto* mutable_v = const_cast<T*>(v);
+  const long long rows = static_cast<long long>(s.B) * s.N * s.H;
+  Tensor<A, 1> ragged_stats;
+  if (ragged) ragged_stats = Tensor<A, 1>({Maps * rows}, p.memory());
   for (int m = Maps - 1; m >= 0; --m)  // map 2 first: o then holds O_1 for the combination
-    run_cudnn_graph(p, *graph,
+    run_cudnn_graph(p, *graph, ragged,
                     {{q_uid, mutable_q + m * s.d},
                      {k_uid, mutable_k + m * s.d},
                      {v_uid, mutable_v},
                      {o_uid, m == 0 ? o : o2},
-                     {stats_uid, lse + static_cast<std::int64_t>(m) * s.N}});
+                     {stats_uid, ragged ? ragged_stats.data() + m * rows : lse + static_cast<std::int64_t>(m) * s.N}});
+  if (ragged) convert_ragged_stats<false>(p, *ragged, s.H, Maps, lse, ragged_stats.data());
   if constexpr (Maps == 2) {
     using DT = device_t<T>;
     DT* op = device_pointer(o);
     const DT* o2p = device_pointer(o2);
-    const long long n = static_cast<long long>(s.B) * s.N * s.H * s.dv;
-    launch_for_each(p, n, [=] __device__(long long i) { op[i] = from_accum<DT>(to_accum(op[i]) - *lambda * to_accum(o2p[i])); });
+    launch_for_each(p, rows * s.dv, [=] __device__(long long i) { op[i] = from_accum<DT>(to_accum(op[i]) - *lambda * to_accum(o2p[i])); });
   }
   return true;
 }
@@ -215,30 +354,40 @@ bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, co
 // do [B,N,H,dv] -> dq, dk, dv assigned; dlambda assigned (Maps = 2). false
 // where cuDNN refuses the shape (nothing written).
 template <int Maps, class T>
-bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, const T* q, const T* k, const T* v,
-                              const accum_t<T>* lambda, const T* o, const T* o2, const accum_t<T>* lse, const T* d_o,
-                              T* dq, T* dk, T* dv, accum_t<T>* dlambda) {
+bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, cudnn_ragged_batch* ragged, const T* q,
+                              const T* k, const T* v, const accum_t<T>* lambda, const T* o, const T* o2,
+                              const accum_t<T>* lse, const T* d_o, T* dq, T* dk, T* dv, accum_t<T>* dlambda) {
   using DT = device_t<T>;
   using A = accum_t<T>;
-  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, true));
+  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, true, ragged));
   if (!graph->graph) return false;
   const long long rows = static_cast<long long>(s.B) * s.N * s.H, n = rows * s.dv;
   auto* mutable_q = const_cast<T*>(q);  // the variant pack takes void*; cuDNN only reads its inputs
   auto* mutable_k = const_cast<T*>(k);
   auto* mutable_v = const_cast<T*>(v);
-  if constexpr (Maps == 1) {  // lse [B, H, 1, N] is already packed
-    run_cudnn_graph(p, *graph,
+  // Each map's statistics as the graph reads them: [total, H] rows (ragged),
+  // or packed [B, H, N] (dense: lse [B, H, 1, N] already is for one map).
+  Tensor<A, 2> stats;
+  const A* stats_of[Maps] = {lse};
+  if (ragged || Maps == 2) {
+    stats = Tensor<A, 2>({Maps, rows}, p.memory());
+    for (int m = 0; m < Maps; ++m) stats_of[m] = stats.data() + m * rows;
+  }
+  if (ragged)
+    convert_ragged_stats<true>(p, *ragged, s.H, Maps, const_cast<A*>(lse), stats.data());
+  else if (Maps == 2)
+    for (int m = 0; m < Maps; ++m)
+      DIFFTX_CUDA_CHECK(cudaMemcpy2DAsync(stats.data() + m * rows, s.N * sizeof(A), lse + m * s.N, Maps * s.N * sizeof(A),
+                                          s.N * sizeof(A), static_cast<std::size_t>(s.B) * s.H, cudaMemcpyDeviceToDevice,
+                                          p.stream()));
+  if constexpr (Maps == 1) {
+    run_cudnn_graph(p, *graph, ragged,
                     {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, const_cast<T*>(o)},
-                     {stats_uid, const_cast<A*>(lse)}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
+                     {stats_uid, const_cast<A*>(stats_of[0])}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk},
+                     {dv_uid, dv}});
   } else {
     Tensor<T, 1> o1({n}, p.memory()), d_o2({n}, p.memory());
     Tensor<T, 1> dv2({static_cast<index_t>(s.B) * s.N * s.G * s.dv}, p.memory());
-    // Each map's rows of lse [B, H, Maps, N], packed [B, H, N] as the graph reads them.
-    Tensor<A, 2> stats({Maps, static_cast<index_t>(s.B) * s.H * s.N}, p.memory());
-    for (int m = 0; m < Maps; ++m)
-      DIFFTX_CUDA_CHECK(cudaMemcpy2DAsync(stats.data() + m * stats.extent(1), s.N * sizeof(A), lse + m * s.N,
-                                          Maps * s.N * sizeof(A), s.N * sizeof(A), static_cast<std::size_t>(s.B) * s.H,
-                                          cudaMemcpyDeviceToDevice, p.stream()));
     {
       DT *o1p = device_pointer(o1.data()), *d_o2p = device_pointer(d_o2.data());
       const DT *op = device_pointer(o), *o2p = device_pointer(o2), *dop = device_pointer(d_o);
@@ -247,13 +396,14 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, c
         d_o2p[i] = from_accum<DT>(-*lambda * to_accum(dop[i]));
       });
     }
-    run_cudnn_graph(p, *graph,
+    run_cudnn_graph(p, *graph, ragged,
                     {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, o1.data()},
-                     {stats_uid, stats.data()}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
-    run_cudnn_graph(p, *graph,
+                     {stats_uid, const_cast<A*>(stats_of[0])}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk},
+                     {dv_uid, dv}});
+    run_cudnn_graph(p, *graph, ragged,
                     {{q_uid, mutable_q + s.d}, {k_uid, mutable_k + s.d}, {v_uid, mutable_v}, {o_uid, const_cast<T*>(o2)},
-                     {stats_uid, stats.data() + stats.extent(1)}, {d_o_uid, d_o2.data()}, {dq_uid, dq + s.d}, {dk_uid, dk + s.d},
-                     {dv_uid, dv2.data()}});
+                     {stats_uid, const_cast<A*>(stats_of[1])}, {d_o_uid, d_o2.data()}, {dq_uid, dq + s.d},
+                     {dk_uid, dk + s.d}, {dv_uid, dv2.data()}});
     DT* dvp = device_pointer(dv);
     const DT* dv2p = device_pointer(dv2.data());
     launch_for_each(p, dv2.size(), [=] __device__(long long i) { dvp[i] = from_accum<DT>(to_accum(dvp[i]) + to_accum(dv2p[i])); });

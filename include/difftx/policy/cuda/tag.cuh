@@ -26,6 +26,10 @@ struct cuda {
   // where it applies, in a build with cuDNN (difftx's own elsewhere), or
   // difftx's own everywhere.
   cuda_attention attention = default_cuda_attention;
+  // A packed batch's attention in one cuDNN call per map (its ragged layout)
+  // instead of a call per sequence, each its own shape and graph. Off until
+  // it has run on a GPU (cuda_test's "packed batches on cuDNN's ragged layout").
+  bool cudnn_ragged = false;
 
   memory_resource& memory() const noexcept { return *context->memory; }
   cudaStream_t stream() const noexcept { return context->stream; }
