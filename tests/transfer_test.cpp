@@ -494,12 +494,19 @@ TEST_CASE("policy::cuda's ragged layout: rows to sequences, statistics to lse's 
   }
   CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
 
-  using cuda_detail::ragged_padded_length;
-  CHECK(ragged_padded_length(1) == 64);
-  CHECK(ragged_padded_length(64) == 64);
-  CHECK(ragged_padded_length(65) == 128);
-  CHECK(ragged_padded_length(4096) == 4096);
-  CHECK(ragged_padded_length(4097) == 8192);
+  using cuda_detail::ragged_bucket;
+  CHECK(ragged_bucket(1) == 64);
+  CHECK(ragged_bucket(64) == 64);
+  CHECK(ragged_bucket(65) == 128);
+  CHECK(ragged_bucket(4096) == 4096);
+  CHECK(ragged_bucket(4097) == 8192);
+  // Offset rows of 16 bytes' multiple: an even count of int64, at least sequences + 1.
+  for (std::int64_t count : {1, 2, 4, 70, 71}) {
+    const std::int64_t stride = cuda_detail::ragged_offsets_stride(count);
+    CHECK(stride % 2 == 0);
+    CHECK(stride >= count + 1);
+    CHECK(stride <= count + 2);
+  }
   // Row widths of q [.., H, Maps, d], k [.., G, Maps, d], v [.., G, dv], o [.., H, dv], stats [.., H].
   using cuda_detail::ragged_row_elements;
   CHECK(ragged_row_elements(cuda_detail::ragged_q, 12, 4, 2, 128, 256) == 12 * 2 * 128);

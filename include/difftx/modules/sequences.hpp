@@ -12,28 +12,11 @@
 #include <vector>
 
 #include "difftx/core/checks.hpp"
+#include "difftx/ops/common.hpp"
 
 namespace difftx {
 
-using sequence_offsets = std::span<const index_t>;
-
 namespace detail {
-
-// offsets: 0 = o_0 < o_1 < ... < o_S = total, with total the rows of a [1, total, ...] input.
-template <class X>
-void check_sequence_offsets(std::string_view where, std::string_view argument, const X& x,
-                            sequence_offsets offsets) {
-  require(offsets.size() >= 2, where, "cu_seqlens", "offsets [0, ..., total] of at least one sequence",
-          std::to_string(offsets.size()) + " offsets");
-  require(x.extent(0) == 1, where, argument, "a packed batch [1, total, ...] with cu_seqlens",
-          shape_string(x.shape()));
-  require(offsets.front() == 0, where, "cu_seqlens", "a first offset of 0", std::to_string(offsets.front()));
-  for (std::size_t s = 1; s < offsets.size(); ++s)
-    require(offsets[s] > offsets[s - 1], where, "cu_seqlens", "strictly increasing offsets (no empty sequence)",
-            std::to_string(offsets[s - 1]) + " then " + std::to_string(offsets[s]) + " at index " + std::to_string(s));
-  require(offsets.back() == x.extent(1), where, "cu_seqlens",
-          "a last offset equal to the packed token count " + std::to_string(x.extent(1)), std::to_string(offsets.back()));
-}
 
 // A token module's call x [B, N, C] -> y like x: x is C wide in `space`, y has
 // x's shape, and a packed batch's offsets fit x.

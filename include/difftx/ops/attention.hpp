@@ -25,8 +25,6 @@
 //                 (the integer sum exact; the two products left to right).
 #pragma once
 
-#include <span>
-
 #include "difftx/ops/common.hpp"
 #include "difftx/ops/int8.hpp"
 
@@ -102,13 +100,13 @@ namespace difftx {
 // per-sequence calls (lse in per-sequence blocks, modules/sequences.hpp).
 template <int Maps, class Policy, class T>
 bool attention_forward_packed(const Policy&, cview<T, 5>, cview<T, 5>, cview<T, 4>, cview<accum_t<T>, 1>, bool,
-                              TensorView<T, 4>, TensorView<T, 4>, TensorView<accum_t<T>, 4>, std::span<const index_t>) {
+                              TensorView<T, 4>, TensorView<T, 4>, TensorView<accum_t<T>, 4>, sequence_offsets) {
   return false;
 }
 template <int Maps, class Policy, class T>
 bool attention_backward_packed(const Policy&, cview<T, 5>, cview<T, 5>, cview<T, 4>, cview<accum_t<T>, 1>, bool,
                                cview<T, 4>, cview<T, 4>, cview<accum_t<T>, 4>, cview<T, 4>, TensorView<T, 5>,
-                               TensorView<T, 5>, TensorView<T, 4>, TensorView<accum_t<T>, 1>, std::span<const index_t>) {
+                               TensorView<T, 5>, TensorView<T, 4>, TensorView<accum_t<T>, 1>, sequence_offsets) {
   return false;
 }
 

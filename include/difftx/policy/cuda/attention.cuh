@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cmath>
-#include <span>
 
 #include "difftx/core/tensor.hpp"
 #include "difftx/ops/attention.hpp"
@@ -70,7 +69,7 @@ void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvie
 #if defined(DIFFTX_CUDNN)
   if constexpr (has_tensor_cores<T>)
     if (try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), Maps == 2 ? o2.data() : o.data()}) &&
-        cudnn_attention_forward<Maps>(p, s, nullptr, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr, o.data(),
+        cudnn_attention_forward<Maps>(p, s, {}, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr, o.data(),
                                       Maps == 2 ? o2.data() : nullptr, lse.data()))
       return record(p, attention_path::cudnn);
 #endif
@@ -128,7 +127,7 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
   if constexpr (has_tensor_cores<T>)
     if (try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), d_o.data(), dq.data(), dk.data(), dv.data(),
                             Maps == 2 ? o2.data() : o.data()}) &&
-        cudnn_attention_backward<Maps>(p, s, nullptr, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr,
+        cudnn_attention_backward<Maps>(p, s, {}, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr,
                                        o.data(), Maps == 2 ? o2.data() : nullptr, lse.data(), d_o.data(), dq.data(),
                                        dk.data(), dv.data(), Maps == 2 ? dlambda.data() : nullptr))
       return record(p, attention_path::cudnn);
@@ -200,7 +199,7 @@ template <int Maps, class T>
   requires supported_by<policy::cuda, T>
 bool attention_forward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
                               cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
-                              TensorView<accum_t<T>, 4> lse, std::span<const index_t> sequences) {
+                              TensorView<accum_t<T>, 4> lse, sequence_offsets sequences) {
   using namespace cuda_detail;
   if constexpr (!has_tensor_cores<T>) {
     return false;
@@ -208,11 +207,13 @@ bool attention_forward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5> 
     if (!p.cudnn_ragged || sequences.size() < 3) return false;  // a dense batch, or a single sequence
     constexpr std::string_view where = "attention_forward";
     detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, "o");
+    detail::check_sequence_offsets(where, "q", q, sequences);
+    require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
     const auto s = shape_of(q, k, v, causal);
-    if (!try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), Maps == 2 ? o2.data() : o.data()})) return false;
-    auto ragged = cudnn_ragged_batch_of(p, s, Maps, sequences);
-    if (!cudnn_attention_forward<Maps>(p, s, &ragged, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr,
-                                       o.data(), Maps == 2 ? o2.data() : nullptr, lse.data()))
+    if (!try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), Maps == 2 ? o2.data() : o.data()}) ||
+        !cudnn_attention_forward<Maps>(p, s, sequences, q.data(), k.data(), v.data(),
+                                       Maps == 2 ? lambda.data() : nullptr, o.data(), Maps == 2 ? o2.data() : nullptr,
+                                       lse.data()))
       return false;
     record(p, attention_path::cudnn);
     return true;
@@ -226,7 +227,7 @@ template <int Maps, class T>
 bool attention_backward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
                                cview<accum_t<T>, 1> lambda, bool causal, cview<T, 4> o, cview<T, 4> o2,
                                cview<accum_t<T>, 4> lse, cview<T, 4> d_o, TensorView<T, 5> dq, TensorView<T, 5> dk,
-                               TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda, std::span<const index_t> sequences) {
+                               TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda, sequence_offsets sequences) {
   using namespace cuda_detail;
   if constexpr (!has_tensor_cores<T>) {
     return false;
@@ -235,14 +236,15 @@ bool attention_backward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5>
     constexpr std::string_view where = "attention_backward";
     detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
                                            dlambda);
+    detail::check_sequence_offsets(where, "q", q, sequences);
+    require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
     const auto s = shape_of(q, k, v, causal);
     if (!try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), d_o.data(), dq.data(), dk.data(), dv.data(),
-                             Maps == 2 ? o2.data() : o.data()}))
-      return false;
-    auto ragged = cudnn_ragged_batch_of(p, s, Maps, sequences);
-    if (!cudnn_attention_backward<Maps>(p, s, &ragged, q.data(), k.data(), v.data(), Maps == 2 ? lambda.data() : nullptr,
-                                        o.data(), Maps == 2 ? o2.data() : nullptr, lse.data(), d_o.data(), dq.data(),
-                                        dk.data(), dv.data(), Maps == 2 ? dlambda.data() : nullptr))
+                             Maps == 2 ? o2.data() : o.data()}) ||
+        !cudnn_attention_backward<Maps>(p, s, sequences, q.data(), k.data(), v.data(),
+                                        Maps == 2 ? lambda.data() : nullptr, o.data(), Maps == 2 ? o2.data() : nullptr,
+                                        lse.data(), d_o.data(), dq.data(), dk.data(), dv.data(),
+                                        Maps == 2 ? dlambda.data() : nullptr))
       return false;
     record(p, attention_path::cudnn);
     return true;

@@ -27,13 +27,14 @@
 //
 // A packed batch (policy.cudnn_ragged) goes in one call per map through
 // cuDNN's ragged layout: its sequences are cuDNN's batch, each padded to one
-// length L that is never stored (the longest rounded up to a power of two, so
-// that packs of similar lengths share a graph): sequence b's rows start
-// offsets[b] elements into each tensor and the padding mask holds each to its
-// own length. The statistics go through a scratch [Maps, total, H] (the
-// layout cuDNN's ragged statistics take), copied from and to the per-sequence
-// blocks of lse [1, H, Maps, total] that per-sequence calls use
-// (modules/sequences.hpp), so either path's saved state serves the other.
+// length L that is never stored (the longest rounded up to a power of two,
+// ragged_layout.hpp): sequence b's rows start offsets[b] elements into each
+// tensor (the same offsets for map 2's views, which start d further) and the
+// padding mask holds each to its own length. The statistics go through a
+// scratch of one [total, H] block per map (offsets cu_seqlens[b]·H), copied
+// from and to the per-sequence blocks of lse [1, H, Maps, total] that
+// per-sequence calls use (modules/sequences.hpp), so either path's saved
+// state serves the other.
 //
 // Graphs are built once per shape and kept in the policy's context with the
 // workspace size they need (plan_cache.hpp). Compiled only where CMake found
@@ -48,7 +49,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <span>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -86,8 +87,9 @@ inline bool refused(fe::error_t status) {
 
 // One attention problem as cuDNN sees it: a graph's key.
 struct cudnn_attention_key {
-  bool bfloat16 = false, causal = false, backward = false, ragged = false;  // ragged: B sequences padded to N
+  bool bfloat16 = false, causal = false, backward = false, ragged = false;
   std::int64_t B = 0, N = 0, H = 0, G = 0, maps = 0, d = 0, dv = 0;
+  std::int64_t token_capacity = 0;  // ragged: B sequences padded to N, at most this many tokens in all
   auto operator<=>(const cudnn_attention_key&) const = default;
 };
 
@@ -104,28 +106,41 @@ enum cudnn_uid : std::int64_t {
   seq_len_q_uid, seq_len_kv_uid, q_offsets_uid, k_offsets_uid, v_offsets_uid, o_offsets_uid, stats_offsets_uid
 };
 
-// A packed batch as cuDNN's ragged layout reads it, in device memory: each
+// A packed batch as cuDNN's ragged layout reads it: its graph's sizes (host)
+// and, in device memory once the graph exists (write_ragged_batch), each
 // sequence's length and, per tensor, the element offset of each sequence's
 // first row (sequences + 1 offsets; row `ragged_rows` counts rows: cu_seqlens).
 struct cudnn_ragged_batch {
-  std::int64_t sequences = 0, padded_length = 0, total = 0;
+  std::int64_t sequences = 0, padded_length = 0, token_capacity = 0, total = 0;
   Tensor<std::int32_t, 1> lengths;  // [sequences]
-  Tensor<std::int64_t, 2> offsets;  // [ragged_tensor_count, sequences + 1]
+  Tensor<std::int64_t, 2> offsets;  // [ragged_tensor_count, ragged_offsets_stride(sequences)]
   std::int64_t* offsets_of(ragged_tensor t) { return offsets.data() + t * offsets.extent(1); }
 };
 
+// A packed batch's graph sizes: cu_seqlens checked by the caller.
+inline cudnn_ragged_batch cudnn_ragged_sizes(sequence_offsets cu_seqlens) {
+  cudnn_ragged_batch r;
+  r.sequences = static_cast<std::int64_t>(cu_seqlens.size()) - 1;
+  r.total = cu_seqlens.back();
+  index_t longest = 0;
+  for (std::size_t b = 0; b + 1 < cu_seqlens.size(); ++b) longest = std::max(longest, cu_seqlens[b + 1] - cu_seqlens[b]);
+  r.padded_length = ragged_bucket(longest);
+  r.token_capacity = ragged_bucket(r.total);
+  return r;
+}
+
 constexpr int ragged_chunk = 64;  // sequences per launch: their row offsets travel as a kernel parameter
 struct ragged_chunk_args {
-  int first = 0, count = 0, sequences = 0;
+  int first = 0, count = 0, stride = 0;  // stride: offsets per tensor in the table
   long long begin[ragged_chunk + 1] = {};  // cu_seqlens[first .. first + count]
   long long row_elements[ragged_tensor_count] = {};
 };
 // Thread i writes sequence first + i's offsets (i = count: the next one's, or the end) and length.
-__global__ void write_ragged_batch(ragged_chunk_args a, std::int32_t* lengths, std::int64_t* offsets) {
+__global__ void write_ragged_offsets(ragged_chunk_args a, std::int32_t* lengths, std::int64_t* offsets) {
   const int i = static_cast<int>(threadIdx.x);
   if (i > a.count) return;
   const int b = a.first + i;
-  for (int t = 0; t < ragged_tensor_count; ++t) offsets[t * (a.sequences + 1) + b] = a.begin[i] * a.row_elements[t];
+  for (int t = 0; t < ragged_tensor_count; ++t) offsets[t * a.stride + b] = a.begin[i] * a.row_elements[t];
   if (i < a.count) lengths[b] = static_cast<std::int32_t>(a.begin[i + 1] - a.begin[i]);
 }
 
@@ -184,7 +199,7 @@ inline std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(co
       t->set_data_type(type);
       return t;
     };
-    auto ragged = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, ragged_tensor which) {
+    auto set_ragged = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, ragged_tensor which) {
       if (key.ragged) t->set_ragged_offset(offsets[which]);
     };
     if (key.ragged) {
@@ -195,9 +210,9 @@ inline std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(co
       offsets[ragged_v] = index_tensor("v_offsets", v_offsets_uid, B + 1, fe::DataType_t::INT64);
       offsets[ragged_o] = index_tensor("o_offsets", o_offsets_uid, B + 1, fe::DataType_t::INT64);
       offsets[ragged_stats] = index_tensor("stats_offsets", stats_offsets_uid, B + 1, fe::DataType_t::INT64);
-      ragged(q, ragged_q);
-      ragged(k, ragged_k);
-      ragged(v, ragged_v);
+      set_ragged(q, ragged_q);
+      set_ragged(k, ragged_k);
+      set_ragged(v, ragged_v);
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     if (!key.backward) {
@@ -206,32 +221,42 @@ inline std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(co
                          .set_generate_stats(true)
                          .set_attn_scale(scale)
                          .set_causal_mask(key.causal);
-      if (key.ragged) options.set_padding_mask(true).set_seq_len_q(seq_len_q).set_seq_len_kv(seq_len_kv);
+      if (key.ragged)
+        options.set_padding_mask(true)
+            .set_seq_len_q(seq_len_q)
+            .set_seq_len_kv(seq_len_kv)
+            .set_max_total_seq_len_q(key.token_capacity)
+            .set_max_total_seq_len_kv(key.token_capacity);
       auto [o, stats] = graph->sdpa(q, k, v, options);
       o->set_output(true).set_uid(o_uid).set_dim(o_dim).set_stride(o_stride);
       stats->set_output(true).set_uid(stats_uid).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim).set_stride(
           stats_stride);
-      ragged(o, ragged_o);
-      ragged(stats, ragged_stats);
+      set_ragged(o, ragged_o);
+      set_ragged(stats, ragged_stats);
     } else {
       auto o = tensor("O", o_uid, o_dim, o_stride), d_o = tensor("dO", d_o_uid, o_dim, o_stride);
       auto stats = tensor("Stats", stats_uid, stats_dim, stats_stride);
       stats->set_data_type(fe::DataType_t::FLOAT);
-      ragged(o, ragged_o);
-      ragged(d_o, ragged_o);
-      ragged(stats, ragged_stats);
+      set_ragged(o, ragged_o);
+      set_ragged(d_o, ragged_o);
+      set_ragged(stats, ragged_stats);
       auto options = fe::graph::SDPA_backward_attributes()
                          .set_name("difftx attention map backward")
                          .set_attn_scale(scale)
                          .set_causal_mask(key.causal);
-      if (key.ragged) options.set_padding_mask(true).set_seq_len_q(seq_len_q).set_seq_len_kv(seq_len_kv);
+      if (key.ragged)  // the token capacity sizes cuDNN's scratch by tokens, not sequences x padded length
+        options.set_padding_mask(true)
+            .set_seq_len_q(seq_len_q)
+            .set_seq_len_kv(seq_len_kv)
+            .set_max_total_seq_len_q(key.token_capacity)
+            .set_max_total_seq_len_kv(key.token_capacity);
       auto [dq, dk, dv_out] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
       dq->set_output(true).set_uid(dq_uid).set_dim(q_dim).set_stride(q_stride);
       dk->set_output(true).set_uid(dk_uid).set_dim(k_dim).set_stride(k_stride);
       dv_out->set_output(true).set_uid(dv_uid).set_dim(v_dim).set_stride(v_stride);
-      ragged(dq, ragged_q);
-      ragged(dk, ragged_k);
-      ragged(dv_out, ragged_v);
+      set_ragged(dq, ragged_q);
+      set_ragged(dk, ragged_k);
+      set_ragged(dv_out, ragged_v);
     }
     auto built = std::make_shared<cudnn_attention_graph>();
     if (const fe::error_t status = graph->build(state.handle, {fe::HeurMode_t::A}); !refused(status)) {
@@ -271,77 +296,87 @@ inline void run_cudnn_graph(const policy::cuda& p, const cudnn_attention_graph& 
 template <class T>
 cudnn_attention_key cudnn_key_of(const attention_shape& s, int maps, bool backward, const cudnn_ragged_batch* ragged) {
   const bool bfloat16 = std::is_same_v<T, Eigen::bfloat16>;
-  if (ragged) return {bfloat16, s.causal, backward, true, ragged->sequences, ragged->padded_length, s.H, s.G, maps, s.d, s.dv};
+  if (ragged)
+    return {bfloat16, s.causal, backward, true, ragged->sequences, ragged->padded_length, s.H, s.G, maps, s.d, s.dv,
+            ragged->token_capacity};
   return {bfloat16, s.causal, backward, false, s.B, s.N, s.H, s.G, maps, s.d, s.dv};
 }
 
-// A packed batch's lengths and offsets on the device, for a call of shape s
-// (q [1, total, H, Maps, d]); cu_seqlens checked by the caller. Written by
-// kernels whose parameters carry the offsets: no host synchronisation.
-inline cudnn_ragged_batch cudnn_ragged_batch_of(const policy::cuda& p, const attention_shape& s, int maps,
-                                                std::span<const index_t> cu_seqlens) {
-  cudnn_ragged_batch r;
-  r.sequences = static_cast<std::int64_t>(cu_seqlens.size()) - 1;
-  r.total = cu_seqlens.back();
-  index_t longest = 0;
-  for (std::size_t b = 0; b + 1 < cu_seqlens.size(); ++b) longest = std::max(longest, cu_seqlens[b + 1] - cu_seqlens[b]);
-  r.padded_length = ragged_padded_length(longest);
+// Writes a packed batch's lengths and offsets on the device, for a call of
+// shape s (q [1, total, H, Maps, d]), by kernels whose parameters carry
+// cu_seqlens: no host synchronisation.
+inline void write_ragged_batch(const policy::cuda& p, const attention_shape& s, int maps, sequence_offsets cu_seqlens,
+                               cudnn_ragged_batch& r) {
   r.lengths = Tensor<std::int32_t, 1>({r.sequences}, p.memory());
-  r.offsets = Tensor<std::int64_t, 2>({ragged_tensor_count, r.sequences + 1}, p.memory());
+  r.offsets = Tensor<std::int64_t, 2>({ragged_tensor_count, ragged_offsets_stride(r.sequences)}, p.memory());
   ragged_chunk_args a;
-  a.sequences = static_cast<int>(r.sequences);
+  a.stride = static_cast<int>(r.offsets.extent(1));
   for (int t = 0; t < ragged_tensor_count; ++t)
     a.row_elements[t] = ragged_row_elements(static_cast<ragged_tensor>(t), s.H, s.G, maps, s.d, s.dv);
-  for (int first = 0; first < a.sequences; first += ragged_chunk) {
+  const int sequences = static_cast<int>(r.sequences);
+  for (int first = 0; first < sequences; first += ragged_chunk) {
     a.first = first;
-    a.count = std::min(ragged_chunk, a.sequences - first);
+    a.count = std::min(ragged_chunk, sequences - first);
     for (int i = 0; i <= a.count; ++i) a.begin[i] = cu_seqlens[static_cast<std::size_t>(first + i)];
-    write_ragged_batch<<<1, ragged_chunk + 1, 0, p.stream()>>>(a, r.lengths.data(), r.offsets.data());
+    write_ragged_offsets<<<1, ragged_chunk + 1, 0, p.stream()>>>(a, r.lengths.data(), r.offsets.data());
     DIFFTX_CUDA_CHECK(cudaGetLastError());
   }
-  return r;
 }
 
-// A packed batch's statistics between lse [1, H, Maps, total], in
-// per-sequence blocks [H, Maps, length], and cuDNN's ragged rows stats [Maps, total, H].
-template <bool ToStats, class A>
-void convert_ragged_stats(const policy::cuda& p, cudnn_ragged_batch& ragged, int H, int maps, A* lse, A* stats) {
+// Each map's statistics in its own block of a scratch, `map_stride` apart:
+// rows [B, H, N] (dense backward) or [total, H] (ragged), each block
+// 16-byte aligned.
+inline long long stats_map_stride(long long rows) { return (rows + 3) / 4 * 4; }
+
+// A packed batch's statistics between lse [1, H, Maps, total], held as
+// per-sequence blocks [H, Maps, length], and cuDNN's ragged rows, map m's
+// [total, H] block at m·map_stride of a scratch: f(stats index, lse index)
+// for every (map, row, head), on the device.
+template <class F>
+void for_each_ragged_statistic(const policy::cuda& p, cudnn_ragged_batch& ragged, int H, int maps, F f) {
   const std::int64_t* rows = ragged.offsets_of(ragged_rows);
   const int sequences = static_cast<int>(ragged.sequences);
-  const long long total = ragged.total;
+  const long long total = ragged.total, map_stride = stats_map_stride(total * H);
   launch_for_each(p, maps * total * H, [=] __device__(long long i) {
-    const int h = static_cast<int>(i % H), m = static_cast<int>(i / (total * H));
-    A &in_lse = lse[packed_lse_index(rows, sequences, H, maps, h, m, (i / H) % total)], &in_stats = stats[i];
-    if constexpr (ToStats)
-      in_stats = in_lse;
-    else
-      in_lse = in_stats;
+    const int m = static_cast<int>(i / (total * H)), h = static_cast<int>(i % H);
+    const long long row_and_head = i % (total * H);
+    f(m * map_stride + row_and_head, packed_lse_index(rows, sequences, H, maps, h, m, row_and_head / H));
   });
 }
 
-// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv] -> o [B,N,H,dv]; saved o2 (Maps = 2), lse [B,H,Maps,N]
-// (ragged: B = 1, N = total, lse in per-sequence blocks). false where cuDNN
-// refuses the shape (nothing written).
+// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv] -> o [B,N,H,dv]; saved o2 (Maps = 2), lse [B,H,Maps,N].
+// A packed batch: B = 1, N = total, cu_seqlens its offsets (checked by the
+// caller; empty for a dense batch), lse in per-sequence blocks. false where
+// cuDNN refuses the shape (nothing written).
 template <int Maps, class T>
-bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, cudnn_ragged_batch* ragged, const T* q,
+bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, sequence_offsets cu_seqlens, const T* q,
                              const T* k, const T* v, const accum_t<T>* lambda, T* o, T* o2, accum_t<T>* lse) {
   using A = accum_t<T>;
-  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, false, ragged));
+  std::optional<cudnn_ragged_batch> ragged;
+  if (!cu_seqlens.empty()) ragged = cudnn_ragged_sizes(cu_seqlens);
+  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, false, ragged ? &*ragged : nullptr));
   if (!graph->graph) return false;
+  if (ragged) write_ragged_batch(p, s, Maps, cu_seqlens, *ragged);
+  cudnn_ragged_batch* ragged_batch = ragged ? &*ragged : nullptr;
+  const long long rows = static_cast<long long>(s.B) * s.N * s.H, map_stride = stats_map_stride(rows);
+  Tensor<A, 1> stats;  // ragged: each map's [total, H] rows
+  if (ragged) stats = Tensor<A, 1>({Maps * map_stride}, p.memory());
   auto* mutable_q = const_cast<T*>(q);  // the variant pack takes void*; cuDNN only reads its inputs
   auto* mutable_k = const_cast<T*>(k);
   auto* mutable_v = const_cast<T*>(v);
-  const long long rows = static_cast<long long>(s.B) * s.N * s.H;
-  Tensor<A, 1> ragged_stats;
-  if (ragged) ragged_stats = Tensor<A, 1>({Maps * rows}, p.memory());
   for (int m = Maps - 1; m >= 0; --m)  // map 2 first: o then holds O_1 for the combination
-    run_cudnn_graph(p, *graph, ragged,
+    run_cudnn_graph(p, *graph, ragged_batch,
                     {{q_uid, mutable_q + m * s.d},
                      {k_uid, mutable_k + m * s.d},
                      {v_uid, mutable_v},
                      {o_uid, m == 0 ? o : o2},
-                     {stats_uid, ragged ? ragged_stats.data() + m * rows : lse + static_cast<std::int64_t>(m) * s.N}});
-  if (ragged) convert_ragged_stats<false>(p, *ragged, s.H, Maps, lse, ragged_stats.data());
+                     {stats_uid, ragged ? stats.data() + m * map_stride : lse + static_cast<std::int64_t>(m) * s.N}});
+  if (ragged) {
+    const A* from = stats.data();
+    for_each_ragged_statistic(p, *ragged, s.H, Maps, [=] __device__(long long in_stats, long long in_lse) {
+      lse[in_lse] = from[in_stats];
+    });
+  }
   if constexpr (Maps == 2) {
     using DT = device_t<T>;
     DT* op = device_pointer(o);
@@ -351,40 +386,47 @@ bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, cu
   return true;
 }
 
-// do [B,N,H,dv] -> dq, dk, dv assigned; dlambda assigned (Maps = 2). false
-// where cuDNN refuses the shape (nothing written).
+// do [B,N,H,dv] -> dq, dk, dv assigned; dlambda assigned (Maps = 2); a packed
+// batch as in the forward. false where cuDNN refuses the shape (nothing written).
 template <int Maps, class T>
-bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, cudnn_ragged_batch* ragged, const T* q,
+bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, sequence_offsets cu_seqlens, const T* q,
                               const T* k, const T* v, const accum_t<T>* lambda, const T* o, const T* o2,
                               const accum_t<T>* lse, const T* d_o, T* dq, T* dk, T* dv, accum_t<T>* dlambda) {
   using DT = device_t<T>;
   using A = accum_t<T>;
-  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, true, ragged));
+  std::optional<cudnn_ragged_batch> ragged;
+  if (!cu_seqlens.empty()) ragged = cudnn_ragged_sizes(cu_seqlens);
+  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, true, ragged ? &*ragged : nullptr));
   if (!graph->graph) return false;
-  const long long rows = static_cast<long long>(s.B) * s.N * s.H, n = rows * s.dv;
+  if (ragged) write_ragged_batch(p, s, Maps, cu_seqlens, *ragged);
+  cudnn_ragged_batch* ragged_batch = ragged ? &*ragged : nullptr;
+  const long long rows = static_cast<long long>(s.B) * s.N * s.H, n = rows * s.dv, map_stride = stats_map_stride(rows);
   auto* mutable_q = const_cast<T*>(q);  // the variant pack takes void*; cuDNN only reads its inputs
   auto* mutable_k = const_cast<T*>(k);
   auto* mutable_v = const_cast<T*>(v);
-  // Each map's statistics as the graph reads them: [total, H] rows (ragged),
-  // or packed [B, H, N] (dense: lse [B, H, 1, N] already is for one map).
-  Tensor<A, 2> stats;
-  const A* stats_of[Maps] = {lse};
+  // Each map's statistics as the graph reads them, map_stride apart: [total, H]
+  // rows (ragged), or packed [B, H, N] (dense; lse [B, H, 1, N] already is for one map).
+  Tensor<A, 1> stats;
+  A* stats_of[Maps] = {const_cast<A*>(lse)};
   if (ragged || Maps == 2) {
-    stats = Tensor<A, 2>({Maps, rows}, p.memory());
-    for (int m = 0; m < Maps; ++m) stats_of[m] = stats.data() + m * rows;
+    stats = Tensor<A, 1>({Maps * map_stride}, p.memory());
+    for (int m = 0; m < Maps; ++m) stats_of[m] = stats.data() + m * map_stride;
   }
-  if (ragged)
-    convert_ragged_stats<true>(p, *ragged, s.H, Maps, const_cast<A*>(lse), stats.data());
-  else if (Maps == 2)
+  if (ragged) {
+    A* to = stats.data();
+    for_each_ragged_statistic(p, *ragged, s.H, Maps, [=] __device__(long long in_stats, long long in_lse) {
+      to[in_stats] = lse[in_lse];
+    });
+  } else if (Maps == 2) {
     for (int m = 0; m < Maps; ++m)
-      DIFFTX_CUDA_CHECK(cudaMemcpy2DAsync(stats.data() + m * rows, s.N * sizeof(A), lse + m * s.N, Maps * s.N * sizeof(A),
+      DIFFTX_CUDA_CHECK(cudaMemcpy2DAsync(stats_of[m], s.N * sizeof(A), lse + m * s.N, Maps * s.N * sizeof(A),
                                           s.N * sizeof(A), static_cast<std::size_t>(s.B) * s.H, cudaMemcpyDeviceToDevice,
                                           p.stream()));
+  }
   if constexpr (Maps == 1) {
-    run_cudnn_graph(p, *graph, ragged,
+    run_cudnn_graph(p, *graph, ragged_batch,
                     {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, const_cast<T*>(o)},
-                     {stats_uid, const_cast<A*>(stats_of[0])}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk},
-                     {dv_uid, dv}});
+                     {stats_uid, stats_of[0]}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
   } else {
     Tensor<T, 1> o1({n}, p.memory()), d_o2({n}, p.memory());
     Tensor<T, 1> dv2({static_cast<index_t>(s.B) * s.N * s.G * s.dv}, p.memory());
@@ -396,14 +438,13 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, c
         d_o2p[i] = from_accum<DT>(-*lambda * to_accum(dop[i]));
       });
     }
-    run_cudnn_graph(p, *graph, ragged,
+    run_cudnn_graph(p, *graph, ragged_batch,
                     {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, o1.data()},
-                     {stats_uid, const_cast<A*>(stats_of[0])}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk},
-                     {dv_uid, dv}});
-    run_cudnn_graph(p, *graph, ragged,
+                     {stats_uid, stats_of[0]}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
+    run_cudnn_graph(p, *graph, ragged_batch,
                     {{q_uid, mutable_q + s.d}, {k_uid, mutable_k + s.d}, {v_uid, mutable_v}, {o_uid, const_cast<T*>(o2)},
-                     {stats_uid, const_cast<A*>(stats_of[1])}, {d_o_uid, d_o2.data()}, {dq_uid, dq + s.d},
-                     {dk_uid, dk + s.d}, {dv_uid, dv2.data()}});
+                     {stats_uid, stats_of[1]}, {d_o_uid, d_o2.data()}, {dq_uid, dq + s.d}, {dk_uid, dk + s.d},
+                     {dv_uid, dv2.data()}});
     DT* dvp = device_pointer(dv);
     const DT* dv2p = device_pointer(dv2.data());
     launch_for_each(p, dv2.size(), [=] __device__(long long i) { dvp[i] = from_accum<DT>(to_accum(dvp[i]) + to_accum(dv2p[i])); });

@@ -20,6 +20,11 @@ namespace difftx::cuda_detail {
 // The tensors whose rows a ragged call offsets, and cu_seqlens itself (rows).
 enum ragged_tensor : int { ragged_rows, ragged_q, ragged_k, ragged_v, ragged_o, ragged_stats, ragged_tensor_count };
 
+// Offsets per tensor in a ragged batch's table [ragged_tensor_count, stride]:
+// the sequences + 1 offsets, rounded up to an even count so that every row
+// starts 16-byte aligned (cuDNN's tensors default to that alignment).
+constexpr std::int64_t ragged_offsets_stride(std::int64_t sequences) { return (sequences + 2) / 2 * 2; }
+
 // Elements in one token's row of tensor t: q [.., H, Maps, d], k [.., G, Maps, d],
 // v [.., G, dv], o [.., H, dv]; cuDNN's statistics [total, H] per map.
 constexpr std::int64_t ragged_row_elements(ragged_tensor t, std::int64_t H, std::int64_t G, std::int64_t maps,
@@ -34,12 +39,13 @@ constexpr std::int64_t ragged_row_elements(ragged_tensor t, std::int64_t H, std:
   }
 }
 
-// The sequence length a ragged graph is built for: the longest sequence
-// rounded up to a power of two (at least 64), so that packs of similar
-// lengths share one graph. Never stored: the padding mask holds each
-// sequence to its own length.
-constexpr std::int64_t ragged_padded_length(std::int64_t longest) {
-  return std::max<std::int64_t>(64, static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(longest))));
+// n rounded up to a power of two, at least 64: what a ragged graph is built
+// for, of the longest sequence (every sequence's padded length, never stored:
+// the padding mask holds each to its own) and of the token total (what cuDNN
+// sizes its scratch by), so that packs of the same sequence count and similar
+// lengths share one graph.
+constexpr std::int64_t ragged_bucket(std::int64_t n) {
+  return std::max<std::int64_t>(64, static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(n))));
 }
 
 // The sequence holding row t: the last b with rows[b] <= t, rows = cu_seqlens of `sequences` sequences.
@@ -65,3 +71,5 @@ DIFFTX_HOST_DEVICE inline std::int64_t packed_lse_index(const std::int64_t* rows
 }
 
 }  // namespace difftx::cuda_detail
+
+#undef DIFFTX_HOST_DEVICE
