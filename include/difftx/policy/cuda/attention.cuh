@@ -48,6 +48,24 @@ void allow_shared_memory(Kernel kernel, std::size_t bytes) {
   DIFFTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+// The CUDA policy's head sizes: d <= 128 (difftx's kernels' tiles).
+template <class Q>
+void require_head_size(std::string_view where, const Q& q) {
+  require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
+}
+
+// Whether a packed call goes to cuDNN's ragged layout: asked for
+// (policy.cudnn_ragged), and two sequences or more.
+inline bool ragged_requested(const policy::cuda& p, sequence_offsets sequences) {
+  return p.cudnn_ragged && sequences.size() >= 3;
+}
+// A packed call's own checks, as the per-sequence calls would make them.
+template <class Q>
+void check_packed_call(std::string_view where, const Q& q, sequence_offsets sequences) {
+  detail::check_sequence_offsets(where, "q", q, sequences);
+  require_head_size(where, q);
+}
+
 }  // namespace cuda_detail
 
 // q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
@@ -63,7 +81,7 @@ void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvie
   static_assert(std::is_same_v<A, device_accum_t<DT>>, "lambda and lse are in the kernels' accumulation type");
   constexpr std::string_view where = "attention_forward";
   detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, "o");
-  require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
+  require_head_size(where, q);
   require_attention_available(where, p.attention, built_with_cudnn);
   const auto s = shape_of(q, k, v, causal);
 #if defined(DIFFTX_CUDNN)
@@ -120,7 +138,7 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
   constexpr std::string_view where = "attention_backward";
   detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
                                          dlambda);
-  require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
+  require_head_size(where, q);
   require_attention_available(where, p.attention, built_with_cudnn);
   const auto s = shape_of(q, k, v, causal);
 #if defined(DIFFTX_CUDNN)
@@ -204,11 +222,10 @@ bool attention_forward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5> 
   if constexpr (!has_tensor_cores<T>) {
     return false;
   } else {
-    if (!p.cudnn_ragged || sequences.size() < 3) return false;  // a dense batch, or a single sequence
+    if (!ragged_requested(p, sequences)) return false;
     constexpr std::string_view where = "attention_forward";
     detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, "o");
-    detail::check_sequence_offsets(where, "q", q, sequences);
-    require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
+    check_packed_call(where, q, sequences);
     const auto s = shape_of(q, k, v, causal);
     if (!try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), Maps == 2 ? o2.data() : o.data()}) ||
         !cudnn_attention_forward<Maps>(p, s, sequences, q.data(), k.data(), v.data(),
@@ -232,12 +249,11 @@ bool attention_backward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5>
   if constexpr (!has_tensor_cores<T>) {
     return false;
   } else {
-    if (!p.cudnn_ragged || sequences.size() < 3) return false;
+    if (!ragged_requested(p, sequences)) return false;
     constexpr std::string_view where = "attention_backward";
     detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
                                            dlambda);
-    detail::check_sequence_offsets(where, "q", q, sequences);
-    require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
+    check_packed_call(where, q, sequences);
     const auto s = shape_of(q, k, v, causal);
     if (!try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), d_o.data(), dq.data(), dk.data(), dv.data(),
                              Maps == 2 ? o2.data() : o.data()}) ||

@@ -323,6 +323,24 @@ inline void write_ragged_batch(const policy::cuda& p, const attention_shape& s, 
   }
 }
 
+// A call's graph and, for a packed batch (cu_seqlens not empty), its ragged
+// layout, written on the device only once cuDNN has taken the graph; no graph
+// where cuDNN refuses the shape.
+struct cudnn_call {
+  std::shared_ptr<const cudnn_attention_graph> graph;
+  std::optional<cudnn_ragged_batch> ragged;
+  cudnn_ragged_batch* ragged_batch() { return ragged ? &*ragged : nullptr; }
+};
+template <class T>
+cudnn_call prepare_cudnn_call(const policy::cuda& p, const attention_shape& s, int maps, bool backward,
+                              sequence_offsets cu_seqlens) {
+  cudnn_call call;
+  if (!cu_seqlens.empty()) call.ragged = cudnn_ragged_sizes(cu_seqlens);
+  call.graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, maps, backward, call.ragged_batch()));
+  if (call.graph->graph && call.ragged) write_ragged_batch(p, s, maps, cu_seqlens, *call.ragged);
+  return call;
+}
+
 // Each map's statistics in its own block of a scratch, `map_stride` apart:
 // rows [B, H, N] (dense backward) or [total, H] (ragged), each block
 // 16-byte aligned.
@@ -352,12 +370,10 @@ template <int Maps, class T>
 bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, sequence_offsets cu_seqlens, const T* q,
                              const T* k, const T* v, const accum_t<T>* lambda, T* o, T* o2, accum_t<T>* lse) {
   using A = accum_t<T>;
-  std::optional<cudnn_ragged_batch> ragged;
-  if (!cu_seqlens.empty()) ragged = cudnn_ragged_sizes(cu_seqlens);
-  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, false, ragged ? &*ragged : nullptr));
-  if (!graph->graph) return false;
-  if (ragged) write_ragged_batch(p, s, Maps, cu_seqlens, *ragged);
-  cudnn_ragged_batch* ragged_batch = ragged ? &*ragged : nullptr;
+  auto call = prepare_cudnn_call<T>(p, s, Maps, false, cu_seqlens);
+  if (!call.graph->graph) return false;
+  const auto& graph = call.graph;
+  cudnn_ragged_batch* ragged = call.ragged_batch();
   const long long rows = static_cast<long long>(s.B) * s.N * s.H, map_stride = stats_map_stride(rows);
   Tensor<A, 1> stats;  // ragged: each map's [total, H] rows
   if (ragged) stats = Tensor<A, 1>({Maps * map_stride}, p.memory());
@@ -365,7 +381,7 @@ bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, se
   auto* mutable_k = const_cast<T*>(k);
   auto* mutable_v = const_cast<T*>(v);
   for (int m = Maps - 1; m >= 0; --m)  // map 2 first: o then holds O_1 for the combination
-    run_cudnn_graph(p, *graph, ragged_batch,
+    run_cudnn_graph(p, *graph, ragged,
                     {{q_uid, mutable_q + m * s.d},
                      {k_uid, mutable_k + m * s.d},
                      {v_uid, mutable_v},
@@ -394,12 +410,10 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, s
                               const accum_t<T>* lse, const T* d_o, T* dq, T* dk, T* dv, accum_t<T>* dlambda) {
   using DT = device_t<T>;
   using A = accum_t<T>;
-  std::optional<cudnn_ragged_batch> ragged;
-  if (!cu_seqlens.empty()) ragged = cudnn_ragged_sizes(cu_seqlens);
-  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, Maps, true, ragged ? &*ragged : nullptr));
-  if (!graph->graph) return false;
-  if (ragged) write_ragged_batch(p, s, Maps, cu_seqlens, *ragged);
-  cudnn_ragged_batch* ragged_batch = ragged ? &*ragged : nullptr;
+  auto call = prepare_cudnn_call<T>(p, s, Maps, true, cu_seqlens);
+  if (!call.graph->graph) return false;
+  const auto& graph = call.graph;
+  cudnn_ragged_batch* ragged = call.ragged_batch();
   const long long rows = static_cast<long long>(s.B) * s.N * s.H, n = rows * s.dv, map_stride = stats_map_stride(rows);
   auto* mutable_q = const_cast<T*>(q);  // the variant pack takes void*; cuDNN only reads its inputs
   auto* mutable_k = const_cast<T*>(k);
@@ -424,7 +438,7 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, s
                                           p.stream()));
   }
   if constexpr (Maps == 1) {
-    run_cudnn_graph(p, *graph, ragged_batch,
+    run_cudnn_graph(p, *graph, ragged,
                     {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, const_cast<T*>(o)},
                      {stats_uid, stats_of[0]}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
   } else {
@@ -438,10 +452,10 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, s
         d_o2p[i] = from_accum<DT>(-*lambda * to_accum(dop[i]));
       });
     }
-    run_cudnn_graph(p, *graph, ragged_batch,
+    run_cudnn_graph(p, *graph, ragged,
                     {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, o1.data()},
                      {stats_uid, stats_of[0]}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
-    run_cudnn_graph(p, *graph, ragged_batch,
+    run_cudnn_graph(p, *graph, ragged,
                     {{q_uid, mutable_q + s.d}, {k_uid, mutable_k + s.d}, {v_uid, mutable_v}, {o_uid, const_cast<T*>(o2)},
                      {stats_uid, stats_of[1]}, {d_o_uid, d_o2.data()}, {dq_uid, dq + s.d}, {dk_uid, dk + s.d},
                      {dv_uid, dv2.data()}});
