@@ -7,6 +7,8 @@
 #
 #   tools/gpu_check.sh BUILD_DIR LOG_DIR [STEP...]
 #
+# BUILD_DIR: a build folder, made there or packed here and unpacked there
+# (tools/gpu_pack.sh, which says how).
 # STEP is any of tests, memcheck, racecheck, bench (default: all four, in that
 # order). Each command's whole output goes to LOG_DIR/<name>.log; the summary
 # printed last has one line per command: its exit status and seconds. Steps
@@ -25,6 +27,8 @@ for step in "${steps[@]}"; do  # before any device time is spent
   esac
 done
 repo=$(cd "$(dirname "$0")/.." && pwd)
+# Libraries carried with packed binaries (tools/gpu_pack.sh), ahead of the system's.
+[ -d "$build/lib" ] && export LD_LIBRARY_PATH=$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$logs"
 summary=()
 failed=0

@@ -13,8 +13,9 @@
 // The backward is linear in dO: map 1 gets dO against O_1 = o + lambda o2,
 // map 2 gets dO_2 = -lambda dO against O_2, each through cuDNN's backward,
 // which writes dq and dk of its map in place (grouped query heads summed
-// into their key head by cuDNN) and dV of its map; dv = dV_1 + dV_2, and
-// dlambda = -sum(dO ⊙ O_2) by attention_rowsums as on the difftx path.
+// into their key head by cuDNN) and dV of its map; dv = dV_1 + dV_2. O_1,
+// dO_2 and dlambda = -sum(dO ⊙ O_2) come from one pass over o, o2 and dO
+// (differential_backward_operands).
 //
 // Views, as [batch, head, token, width] with strides in elements (map m's
 // offset m·d on q and k, m·N on lse, goes on the pointer):
@@ -402,6 +403,45 @@ bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, se
   return true;
 }
 
+constexpr int operand_warps = 8;  // rows a block of differential_backward_operands
+// A differential backward's inputs to cuDNN's two calls, in one pass over the
+// rows of o, o2 and dO [rows, dv], a warp a row, 16 bytes at a time (dv % 8 == 0
+// and 16-byte starts: cudnn_applies): map 1's output O_1 = o + λ o2, map 2's
+// upstream gradient dO_2 = -λ dO, and dλ = -Σ dO ⊙ O_2, added into *dlambda.
+template <class DT>
+__global__ void __launch_bounds__(operand_warps * 32)
+    differential_backward_operands(const DT* o, const DT* o2, const DT* d_o, const float* lambda, long long rows,
+                                   int dv, DT* o1, DT* d_o2, float* dlambda) {
+  constexpr int width = 16 / sizeof(DT);
+  struct alignas(16) pack {
+    DT v[width];
+  };
+  const long long row = blockIdx.x * static_cast<long long>(operand_warps) + threadIdx.x / 32;
+  const bool in_range = row < rows;  // the same for a whole warp
+  const float lam = *lambda;
+  float dot = 0;
+  if (in_range) {
+    const long long start = row * dv;
+    for (int c = static_cast<int>(threadIdx.x % 32) * width; c < dv; c += 32 * width) {
+      const pack out = *reinterpret_cast<const pack*>(o + start + c);
+      const pack second = *reinterpret_cast<const pack*>(o2 + start + c);
+      const pack grad = *reinterpret_cast<const pack*>(d_o + start + c);
+      pack first, grad_second;
+#pragma unroll
+      for (int e = 0; e < width; ++e) {
+        const float o2_value = to_accum(second.v[e]), g = to_accum(grad.v[e]);
+        dot += g * o2_value;
+        first.v[e] = from_accum<DT>(to_accum(out.v[e]) + lam * o2_value);
+        grad_second.v[e] = from_accum<DT>(-lam * g);
+      }
+      *reinterpret_cast<pack*>(o1 + start + c) = first;
+      *reinterpret_cast<pack*>(d_o2 + start + c) = grad_second;
+    }
+    dot = warp_sum(dot);
+  }
+  block_atomic_add(dlambda, -dot, in_range);
+}
+
 // do [B,N,H,dv] -> dq, dk, dv assigned; dlambda assigned (Maps = 2); a packed
 // batch as in the forward. false where cuDNN refuses the shape (nothing written).
 template <int Maps, class T>
@@ -444,14 +484,11 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, s
   } else {
     Tensor<T, 1> o1({n}, p.memory()), d_o2({n}, p.memory());
     Tensor<T, 1> dv2({static_cast<index_t>(s.B) * s.N * s.G * s.dv}, p.memory());
-    {
-      DT *o1p = device_pointer(o1.data()), *d_o2p = device_pointer(d_o2.data());
-      const DT *op = device_pointer(o), *o2p = device_pointer(o2), *dop = device_pointer(d_o);
-      launch_for_each(p, n, [=] __device__(long long i) {
-        o1p[i] = from_accum<DT>(to_accum(op[i]) + *lambda * to_accum(o2p[i]));
-        d_o2p[i] = from_accum<DT>(-*lambda * to_accum(dop[i]));
-      });
-    }
+    DIFFTX_CUDA_CHECK(cudaMemsetAsync(dlambda, 0, sizeof(A), p.stream()));
+    differential_backward_operands<DT><<<blocks_for(rows, operand_warps), operand_warps * 32, 0, p.stream()>>>(
+        device_pointer(o), device_pointer(o2), device_pointer(d_o), lambda, rows, s.dv, device_pointer(o1.data()),
+        device_pointer(d_o2.data()), dlambda);
+    DIFFTX_CUDA_CHECK(cudaGetLastError());
     run_cudnn_graph(p, *graph, ragged,
                     {{q_uid, mutable_q}, {k_uid, mutable_k}, {v_uid, mutable_v}, {o_uid, o1.data()},
                      {stats_uid, stats_of[0]}, {d_o_uid, const_cast<T*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
@@ -462,12 +499,6 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, s
     DT* dvp = device_pointer(dv);
     const DT* dv2p = device_pointer(dv2.data());
     launch_for_each(p, dv2.size(), [=] __device__(long long i) { dvp[i] = from_accum<DT>(to_accum(dvp[i]) + to_accum(dv2p[i])); });
-    // dlambda = -sum(dO ⊙ O_2), as the difftx path computes it (the row sums themselves are cuDNN's business here)
-    Tensor<A, 1> rowsum({rows * Maps}, p.memory());
-    DIFFTX_CUDA_CHECK(cudaMemsetAsync(dlambda, 0, sizeof(A), p.stream()));
-    attention_rowsums<Maps, DT><<<blocks_for(rows, 8), 256, 0, p.stream()>>>(
-        device_pointer(o), device_pointer(o2), device_pointer(d_o), lambda, s, rowsum.data(), dlambda);
-    DIFFTX_CUDA_CHECK(cudaGetLastError());
   }
   return true;
 }

@@ -164,34 +164,37 @@ __global__ void __launch_bounds__(128)
 
 // rowsum(dO ⊙ O_m) per row, with O_1 = O + λ O_2; dλ -= Σ rowsum(dO ⊙ O_2).
 // One warp per row of [B, N, H]; rowsum is [B, H, Maps, N]. lambda, rowsum and
-// dlambda are in the accumulation type A (dλ: atomicAdd in A, double too on sm_60+).
+// dlambda are in the accumulation type A (dλ: one atomicAdd in A a block,
+// double too on sm_60+).
 template <int Maps, class DT>
 __global__ void attention_rowsums(const DT* o, const DT* o2, const DT* d_o, const device_accum_t<DT>* lambda,
                                   attention_shape s, device_accum_t<DT>* rowsum, device_accum_t<DT>* dlambda) {
   using A = device_accum_t<DT>;
   const long long row = blockIdx.x * static_cast<long long>(blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= static_cast<long long>(s.B) * s.N * s.H) return;
+  const bool in_range = row < static_cast<long long>(s.B) * s.N * s.H;
   const int lane = threadIdx.x % 32;
   A first = 0, second = 0;
-  for (int c = lane; c < s.dv; c += 32) {
-    const A g = to_accum(d_o[row * s.dv + c]);
-    first += g * to_accum(o[row * s.dv + c]);
-    if constexpr (Maps == 2) second += g * to_accum(o2[row * s.dv + c]);
-  }
-  first = warp_sum(first);
-  const int b = static_cast<int>(row / (static_cast<long long>(s.N) * s.H)), i = static_cast<int>(row / s.H % s.N),
-            h = static_cast<int>(row % s.H);
-  A* out = rowsum + (static_cast<long long>(b) * s.H + h) * Maps * s.N + i;
-  if constexpr (Maps == 2) {
-    second = warp_sum(second);
-    if (lane == 0) {
-      out[0] = first + lambda[0] * second;
-      out[s.N] = second;
-      atomicAdd(dlambda, -second);
+  if (in_range) {
+    for (int c = lane; c < s.dv; c += 32) {
+      const A g = to_accum(d_o[row * s.dv + c]);
+      first += g * to_accum(o[row * s.dv + c]);
+      if constexpr (Maps == 2) second += g * to_accum(o2[row * s.dv + c]);
     }
-  } else if (lane == 0) {
-    out[0] = first;
+    first = warp_sum(first);
+    const int b = static_cast<int>(row / (static_cast<long long>(s.N) * s.H)), i = static_cast<int>(row / s.H % s.N),
+              h = static_cast<int>(row % s.H);
+    A* out = rowsum + (static_cast<long long>(b) * s.H + h) * Maps * s.N + i;
+    if constexpr (Maps == 2) {
+      second = warp_sum(second);
+      if (lane == 0) {
+        out[0] = first + lambda[0] * second;
+        out[s.N] = second;
+      }
+    } else if (lane == 0) {
+      out[0] = first;
+    }
   }
+  if constexpr (Maps == 2) block_atomic_add(dlambda, -second, in_range);
 }
 
 // dK, dV of 32 keys of one group over every query that sees them.

@@ -122,6 +122,20 @@ __device__ __forceinline__ A warp_sum(A x) {
   return x;
 }
 
+// Adds `value` (one per warp: lane 0's counts) into *total with one global
+// atomic per block, so that a sum of many rows into one address is not
+// serialised on it row by row. Every thread of the block calls it (it waits at
+// the block's barriers); `counts` says whether this warp has a value.
+template <class A>
+__device__ void block_atomic_add(A* total, A value, bool counts) {
+  __shared__ A block_total;
+  if (threadIdx.x == 0) block_total = A(0);
+  __syncthreads();
+  if (counts && threadIdx.x % 32 == 0) atomicAdd(&block_total, value);
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(total, block_total);
+}
+
 inline unsigned blocks_for(long long n, unsigned threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 }  // namespace difftx::cuda_detail

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The GPU checks' binaries, built on this machine (no GPU needed) and packed
+# for a lent GPU machine, whose minutes are too few to spend compiling there.
+#
+#   tools/gpu_pack.sh            here: build and pack into .gpubin/ (git-ignored)
+#   tools/gpu_pack.sh --unpack   there, from the repository root: lay them out
+#                                and print the build folder for tools/gpu_check.sh
+#
+# A call on the GPU machine then reads, with carry [".gpubin"]:
+#   tools/gpu_pack.sh --unpack && tools/gpu_check.sh "$(tools/gpu_pack.sh --build-dir)" /tmp/logs tests bench
+#
+# Packed: cuda_test, nccl_test, cli_test, the difftx tool and difftx_cuda_bench,
+# stripped (about 40 MB), built in build/gpu-pack for sm_90a (the H100 and
+# H200) against the cuDNN frontend, with -march=$DIFFTX_PACK_MARCH (default
+# x86-64-v3: AVX2 and FMA, which any recent x86-64 server has; -march=native
+# would be this machine's CPU, not the GPU machine's), and the shared libraries
+# they need that are neither glibc's nor CUDA's (OpenMP, Google Benchmark,
+# SentencePiece; tools/gpu_check.sh loads them from BUILD/lib). The tests find
+# their data and the tool by the absolute paths they were built with; --unpack
+# makes those paths exist on the GPU machine.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+pack=$repo/.gpubin
+build=$repo/build/gpu-pack
+targets=(cuda_test nccl_test cli_test difftx_cli difftx_cuda_bench)
+
+case ${1:-} in
+  --build-dir)  # the build folder the packed binaries were built in, as they see it
+    cat "$pack/build_dir"
+    ;;
+  --unpack)
+    [ -f "$pack/build_dir" ] || { echo "gpu_pack: no $pack/build_dir (run tools/gpu_pack.sh here and carry .gpubin)" >&2; exit 2; }
+    source_dir=$(cat "$pack/source_dir")
+    if [ "$source_dir" != "$repo" ]; then  # the compiled-in source folder is this checkout
+      [ -e "$source_dir" ] && [ ! -L "$source_dir" ] && {
+        echo "gpu_pack: $source_dir exists and is not this checkout; unpack cannot place the binaries" >&2; exit 2; }
+      mkdir -p "$(dirname "$source_dir")"
+      ln -sfn "$repo" "$source_dir"
+    fi
+    target=$(cat "$pack/build_dir")
+    mkdir -p "$target"
+    cp -r "$pack/bin/." "$target/"
+    cp -r "$pack/lib" "$target/"  # tools/gpu_check.sh puts BUILD/lib on LD_LIBRARY_PATH
+    echo "gpu_pack: binaries in $target"
+    ;;
+  "")
+    command -v nvcc >/dev/null || { echo "gpu_pack: needs nvcc (CUDA) on this machine" >&2; exit 2; }
+    "$repo/tools/fetch_cudnn_frontend.sh"
+    march=${DIFFTX_PACK_MARCH:-x86-64-v3}
+    CUDAARCHS=90a cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIFFTX_NATIVE=OFF \
+      -DCMAKE_CXX_FLAGS="-march=$march" -DDIFFTX_CUDA=ON | grep -E "difftx|cuDNN" || true
+    grep -q "^DIFFTX_CUDNN_FRONTEND_INCLUDE_DIR:PATH=.*include$" "$build/CMakeCache.txt" || {
+      echo "gpu_pack: CMake found no cuDNN frontend; the packed binaries would lack the cuDNN attention" >&2; exit 1; }
+    cmake --build "$build" --target "${targets[@]}"
+    rm -rf "$pack" && mkdir -p "$pack/bin/tests" "$pack/bin/tools" "$pack/bin/benchmarks" "$pack/lib"
+    grep -qx '/.gpubin/' "$repo/.git/info/exclude" 2>/dev/null || echo '/.gpubin/' >>"$repo/.git/info/exclude"
+    binaries=("$build/tests/cuda_test" "$build/tests/nccl_test" "$build/tests/cli_test" "$build/tools/difftx"
+              "$build/benchmarks/difftx_cuda_bench")
+    for b in "${binaries[@]}"; do
+      strip -o "$pack/bin/${b#"$build"/}" "$b"
+    done
+    # Shared libraries outside glibc, the C++ runtime and CUDA (the GPU machine has those).
+    ldd "${binaries[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
+      case $(basename "$lib") in
+        libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux* | libstdc++.so* | libgcc_s.so*) ;;
+        libcud* | libcublas* | libnccl* | libnvrtc* | libnvJitLink*) ;;
+        *) cp -L "$lib" "$pack/lib/" ;;
+      esac
+    done
+    echo "$repo" >"$pack/source_dir"
+    echo "$build" >"$pack/build_dir"
+    echo "gpu_pack: $(du -sh "$pack" | cut -f1) in .gpubin (march $march; libraries: $(ls "$pack/lib" | tr '\n' ' '))"
+    ;;
+  *)
+    echo "usage: tools/gpu_pack.sh [--unpack | --build-dir]" >&2
+    exit 2
+    ;;
+esac
