@@ -53,7 +53,6 @@ case ${1:-} in
       echo "gpu_pack: CMake found no cuDNN frontend; the packed binaries would lack the cuDNN attention" >&2; exit 1; }
     cmake --build "$build" --target "${targets[@]}"
     rm -rf "$pack" && mkdir -p "$pack/bin/tests" "$pack/bin/tools" "$pack/bin/benchmarks" "$pack/lib"
-    grep -qx '/.gpubin/' "$repo/.git/info/exclude" 2>/dev/null || echo '/.gpubin/' >>"$repo/.git/info/exclude"
     binaries=("$build/tests/cuda_test" "$build/tests/nccl_test" "$build/tests/cli_test" "$build/tools/difftx"
               "$build/benchmarks/difftx_cuda_bench")
     for b in "${binaries[@]}"; do
