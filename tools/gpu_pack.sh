@@ -4,7 +4,7 @@
 #
 #   tools/gpu_pack.sh            here: build and pack into .gpubin/ (git-ignored)
 #   tools/gpu_pack.sh --unpack   there, from the repository root: lay them out
-#                                and print the build folder for tools/gpu_check.sh
+#   tools/gpu_pack.sh --build-dir  the folder to give tools/gpu_check.sh
 #
 # A call on the GPU machine then reads, with carry [".gpubin"]:
 #   tools/gpu_pack.sh --unpack && tools/gpu_check.sh "$(tools/gpu_pack.sh --build-dir)" /tmp/logs tests bench
@@ -22,7 +22,9 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 pack=$repo/.gpubin
 build=$repo/build/gpu-pack
-targets=(cuda_test nccl_test cli_test difftx_cli difftx_cuda_bench)
+# target:binary, the binary's path in the build folder
+packed=(cuda_test:tests/cuda_test nccl_test:tests/nccl_test cli_test:tests/cli_test difftx_cli:tools/difftx
+        difftx_cuda_bench:benchmarks/difftx_cuda_bench)
 
 case ${1:-} in
   --build-dir)  # the build folder the packed binaries were built in, as they see it
@@ -51,12 +53,14 @@ case ${1:-} in
       -DCMAKE_CXX_FLAGS="-march=$march" -DDIFFTX_CUDA=ON
     grep -q "^DIFFTX_CUDNN_FRONTEND_INCLUDE_DIR:PATH=.*include$" "$build/CMakeCache.txt" || {
       echo "gpu_pack: CMake found no cuDNN frontend; the packed binaries would lack the cuDNN attention" >&2; exit 1; }
-    cmake --build "$build" --target "${targets[@]}"
-    rm -rf "$pack" && mkdir -p "$pack/bin/tests" "$pack/bin/tools" "$pack/bin/benchmarks" "$pack/lib"
-    binaries=("$build/tests/cuda_test" "$build/tests/nccl_test" "$build/tests/cli_test" "$build/tools/difftx"
-              "$build/benchmarks/difftx_cuda_bench")
-    for b in "${binaries[@]}"; do
-      strip -o "$pack/bin/${b#"$build"/}" "$b"
+    cmake --build "$build" --target "${packed[@]%%:*}"
+    rm -rf "$pack" && mkdir -p "$pack/lib"
+    binaries=()
+    for entry in "${packed[@]}"; do
+      path=${entry#*:}
+      mkdir -p "$pack/bin/$(dirname "$path")"
+      strip -o "$pack/bin/$path" "$build/$path"
+      binaries+=("$build/$path")
     done
     # Shared libraries outside glibc, the C++ runtime and CUDA (the GPU machine has those).
     ldd "${binaries[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
