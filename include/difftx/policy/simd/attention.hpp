@@ -180,7 +180,7 @@ template <class A>
 void add_scaled_tile(const A* x, A a, const A* y, A* out) {
   using V = vec<A>;
   for (index_t e = 0; e < attention_block * attention_block; e += V::size)
-    xsimd::fma(V(a), V::load_unaligned(y + e), V::load_unaligned(x + e)).store_unaligned(out + e);
+    simd_detail::multiply_add(V(a), V::load_unaligned(y + e), V::load_unaligned(x + e)).store_unaligned(out + e);
 }
 
 // p[t] = exp(p[t] - shift) for t < n, in place.

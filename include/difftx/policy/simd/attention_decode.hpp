@@ -93,9 +93,9 @@ void dots_per_position(const A* x, index_t n, index_t per_piece, index_t d, cons
   auto add_step = [](const A* xc, const T* kc, V acc) {
     if constexpr (reads_pairs<A, T>) {
       const bf16_pair_halves k2 = load_bf16_pairs(kc);
-      return xsimd::fma(V::load_unaligned(xc + W), k2.odd, xsimd::fma(V::load_unaligned(xc), k2.even, acc));
+      return simd_detail::multiply_add(V::load_unaligned(xc + W), k2.odd, simd_detail::multiply_add(V::load_unaligned(xc), k2.even, acc));
     } else {
-      return xsimd::fma(V::load_unaligned(xc), load_row_as<A>(kc), acc);
+      return simd_detail::multiply_add(V::load_unaligned(xc), load_row_as<A>(kc), acc);
     }
   };
   std::vector<index_t> piece(static_cast<std::size_t>(n));  // where query row i's piece starts in a key's row
@@ -153,7 +153,7 @@ void weighted_sums_of_rows(const std::array<const A*, Maps>& p, const T* v_first
       for (index_t v = 0; v < NV; ++v) row[v] = load_row_as<A>(v_first + t * stride + c0 + v * W);
       for (index_t m = 0; m < Maps; ++m) {
         const V pv(p[m][t]);
-        for (index_t v = 0; v < NV; ++v) acc[m][v] = xsimd::fma(pv, row[v], acc[m][v]);
+        for (index_t v = 0; v < NV; ++v) acc[m][v] = simd_detail::multiply_add(pv, row[v], acc[m][v]);
       }
     }
     for (index_t m = 0; m < Maps; ++m)
@@ -174,8 +174,8 @@ void weighted_sums_of_rows(const std::array<const A*, Maps>& p, const T* v_first
         for (index_t m = 0; m < Maps; ++m) {
           const V pv(p[m][t]);
           for (index_t u = 0; u < NP; ++u) {
-            even[m][u] = xsimd::fma(pv, row[u].even, even[m][u]);
-            odd[m][u] = xsimd::fma(pv, row[u].odd, odd[m][u]);
+            even[m][u] = simd_detail::multiply_add(pv, row[u].even, even[m][u]);
+            odd[m][u] = simd_detail::multiply_add(pv, row[u].odd, odd[m][u]);
           }
         }
       }

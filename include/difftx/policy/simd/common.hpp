@@ -43,6 +43,35 @@ namespace difftx::simd_detail {
 template <class A>
 using vec = xsimd::batch<A>;
 
+// x·y + z, and z − x·y, each with one rounding (the project compiles with
+// -ffp-contract=off, so nothing else fuses). xsimd 8, Debian bookworm's, has
+// no AVX-512 kernel for fma and fnma and computes x * y + z there in two
+// roundings; on AVX-512 these call the instructions, elsewhere xsimd's.
+template <class A, class Arch>
+xsimd::batch<A, Arch> multiply_add(const xsimd::batch<A, Arch>& x, const xsimd::batch<A, Arch>& y,
+                                   const xsimd::batch<A, Arch>& z) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of_v<xsimd::avx512f, Arch> && std::is_same_v<A, float>)
+    return _mm512_fmadd_ps(x, y, z);
+  else if constexpr (std::is_base_of_v<xsimd::avx512f, Arch> && std::is_same_v<A, double>)
+    return _mm512_fmadd_pd(x, y, z);
+  else
+#endif
+    return xsimd::fma(x, y, z);
+}
+template <class A, class Arch>
+xsimd::batch<A, Arch> negative_multiply_add(const xsimd::batch<A, Arch>& x, const xsimd::batch<A, Arch>& y,
+                                            const xsimd::batch<A, Arch>& z) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of_v<xsimd::avx512f, Arch> && std::is_same_v<A, float>)
+    return _mm512_fnmadd_ps(x, y, z);
+  else if constexpr (std::is_base_of_v<xsimd::avx512f, Arch> && std::is_same_v<A, double>)
+    return _mm512_fnmadd_pd(x, y, z);
+  else
+#endif
+    return xsimd::fnma(x, y, z);
+}
+
 inline int thread_count(const policy::simd& p) noexcept {
 #if defined(_OPENMP)
   return p.threads > 0 ? p.threads : omp_get_max_threads();
@@ -253,7 +282,7 @@ void dots_with_rows(const A* x, const T* first, index_t stride, index_t rows, in
     for (auto& a : acc) a = V(A(0));
     for (index_t c = 0; c < k_vec; c += W) {
       const V xv = V::load_unaligned(x + c);
-      for (index_t n = 0; n < W; ++n) acc[n] = xsimd::fma(xv, load_row_as<A>(first + (t + n) * stride + c), acc[n]);
+      for (index_t n = 0; n < W; ++n) acc[n] = simd_detail::multiply_add(xv, load_row_as<A>(first + (t + n) * stride + c), acc[n]);
     }
     lane_sums(acc, out + t);
     if (k_vec < k)
@@ -261,7 +290,7 @@ void dots_with_rows(const A* x, const T* first, index_t stride, index_t rows, in
   }
   for (; t < rows; ++t) {
     V acc(A(0));
-    for (index_t c = 0; c < k_vec; c += W) acc = xsimd::fma(V::load_unaligned(x + c), load_row_as<A>(first + t * stride + c), acc);
+    for (index_t c = 0; c < k_vec; c += W) acc = simd_detail::multiply_add(V::load_unaligned(x + c), load_row_as<A>(first + t * stride + c), acc);
     out[t] = xsimd::hadd(acc) + rest(t);
   }
 }
@@ -325,7 +354,7 @@ A dot(const A* x, const A* y, index_t n) {
   constexpr index_t W = vec<A>::size;
   vec<A> acc(A(0));
   index_t i = 0;
-  for (; i + W <= n; i += W) acc = xsimd::fma(vec<A>::load_unaligned(x + i), vec<A>::load_unaligned(y + i), acc);
+  for (; i + W <= n; i += W) acc = simd_detail::multiply_add(vec<A>::load_unaligned(x + i), vec<A>::load_unaligned(y + i), acc);
   A s = xsimd::hadd(acc);
   for (; i < n; ++i) s += x[i] * y[i];
   return s;

@@ -53,7 +53,7 @@ inline void dot_micro_kernel(index_t k, const A* a, index_t lda, const A* b, ind
     for (int n = 0; n < dot_cols; ++n) {
       V bv = V::load_unaligned(b + n * ldb + p);
       keep_in_register(bv);
-      for (int r = 0; r < R; ++r) acc[r * dot_cols + n] = xsimd::fma(av[r], bv, acc[r * dot_cols + n]);
+      for (int r = 0; r < R; ++r) acc[r * dot_cols + n] = simd_detail::multiply_add(av[r], bv, acc[r * dot_cols + n]);
     }
   }
   alignas(64) A sums[W];
@@ -150,8 +150,8 @@ inline void bf16_pair_dots(const float* split, const Eigen::bfloat16* first, ind
   const U high(0xFFFF0000u);
   auto pair = [&](index_t t, index_t c, V& acc) {  // values c .. c + 2W of row t
     const U words = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(first + t * stride + c));
-    acc = xsimd::fma(V::load_unaligned(split + c), xsimd::bitwise_cast<V>(words << 16), acc);
-    acc = xsimd::fma(V::load_unaligned(split + c + W), xsimd::bitwise_cast<V>(words & high), acc);
+    acc = simd_detail::multiply_add(V::load_unaligned(split + c), xsimd::bitwise_cast<V>(words << 16), acc);
+    acc = simd_detail::multiply_add(V::load_unaligned(split + c + W), xsimd::bitwise_cast<V>(words & high), acc);
   };
   auto rest = [&](index_t t) {  // the pairs past the last whole 2W
     float sum = 0;

@@ -79,8 +79,8 @@ A streamed_dot(const A* x, const A* row, index_t k) noexcept {
   for (; c + unroll * W <= k; c += unroll * W)
     DIFFTX_UNROLL(8)
     for (index_t u = 0; u < unroll; ++u)
-      part[u] = xsimd::fma(V::load_unaligned(x + c + u * W), V::load_unaligned(row + c + u * W), part[u]);
-  for (; c + W <= k; c += W) part[0] = xsimd::fma(V::load_unaligned(x + c), V::load_unaligned(row + c), part[0]);
+      part[u] = simd_detail::multiply_add(V::load_unaligned(x + c + u * W), V::load_unaligned(row + c + u * W), part[u]);
+  for (; c + W <= k; c += W) part[0] = simd_detail::multiply_add(V::load_unaligned(x + c), V::load_unaligned(row + c), part[0]);
   DIFFTX_UNROLL(8)
   for (index_t u = 1; u < unroll; ++u) part[0] += part[u];
   A sum = xsimd::hadd(part[0]);
@@ -107,7 +107,7 @@ void add_panel(const A* x, const T* panel, index_t blocks, A* out) noexcept {
     for (index_t v = 0; v < P::width; v += V::size) {
       V acc = first ? V(A(0)) : V::load_unaligned(out + v);
       DIFFTX_UNROLL(8)
-      for (index_t r = 0; r < P::depth; ++r) acc = xsimd::fma(h[r], load_as_accum(panel + r * P::width + v), acc);
+      for (index_t r = 0; r < P::depth; ++r) acc = simd_detail::multiply_add(h[r], load_as_accum(panel + r * P::width + v), acc);
       acc.store_unaligned(out + v);
     }
 }

@@ -93,7 +93,7 @@ void rmsnorm_backward(const policy::simd& p, cview<T, 2> x, cview<T, 1> w, cview
       for (; c + W <= C; c += W) {
         const auto dyv = vec<A>::load_unaligned(dyr + c), xv = vec<A>::load_unaligned(xr + c);
         (vec<A>::load_unaligned(w_scaled.data() + c) * dyv).store_unaligned(g.data() + c);
-        xsimd::fma(vec<A>(s) * dyv, xv * rv, vec<A>::load_unaligned(dw_acc.data() + c)).store_unaligned(dw_acc.data() + c);
+        simd_detail::multiply_add(vec<A>(s) * dyv, xv * rv, vec<A>::load_unaligned(dw_acc.data() + c)).store_unaligned(dw_acc.data() + c);
       }
       for (; c < C; ++c) {
         const auto cs = static_cast<std::size_t>(c);
@@ -104,7 +104,7 @@ void rmsnorm_backward(const policy::simd& p, cview<T, 2> x, cview<T, 1> w, cview
       // dx = r (g - x̂ mean(g ⊙ x̂)) with x̂ = r x (no r², which underflows where x is huge)
       const vec<A> mean(mean_g_xhat);
       for (c = 0; c + W <= C; c += W)
-        (rv * xsimd::fnma(mean, rv * vec<A>::load_unaligned(xr + c), vec<A>::load_unaligned(g.data() + c)))
+        (rv * simd_detail::negative_multiply_add(mean, rv * vec<A>::load_unaligned(xr + c), vec<A>::load_unaligned(g.data() + c)))
             .store_unaligned(out.data() + c);
       for (; c < C; ++c)
         out[static_cast<std::size_t>(c)] = r * (g[static_cast<std::size_t>(c)] - r * xr[c] * mean_g_xhat);

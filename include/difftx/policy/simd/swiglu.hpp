@@ -64,7 +64,7 @@ void swiglu_gate_backward(const policy::simd& p, cview<T, 2> g, cview<T, 2> u, c
     for (; i + W <= n; i += W) {
       const auto z = vec<A>::load_unaligned(gs + i), grad = vec<A>::load_unaligned(dhs + i);
       const auto sig = sigmoid(z);
-      (grad * vec<A>::load_unaligned(us + i) * sig * (one + z * (one - sig))).store_unaligned(dgs + i);
+      (grad * vec<A>::load_unaligned(us + i) * sig * multiply_add(z, one - sig, one)).store_unaligned(dgs + i);
       (grad * z * sig).store_unaligned(dus + i);
     }
     for (; i < n; ++i) {

@@ -49,7 +49,7 @@ inline void micro_kernel(index_t k, const A* a, index_t lda, const A* b, index_t
     }
     for (int r = 0; r < R; ++r) {
       const V av(a_at<A, Layout>(a, lda, r, p));
-      for (int v = 0; v < NV; ++v) acc[r][v] = xsimd::fma(av, bv[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = simd_detail::multiply_add(av, bv[v], acc[r][v]);
     }
   }
   for (int r = 0; r < R; ++r)
