@@ -177,10 +177,14 @@ TEST_CASE("ops check their own arguments") {
   Tensor<double, 4> pairs({1, 2, 1, 4});
   expect_input_error([&] { rope_forward(policy::reference{}, pairs.view(), -1, 10000.0); }, "rope_forward", "offset",
                      ">= 0", "-1");
-  expect_input_error([&] { rope_forward(policy::reference{}, pairs.view(), 0, 10000.0, 0.0); }, "rope_forward", "factor",
-                     "linear scaling factor > 0", "0");
-  expect_input_error([&] { MultiHead<double, 2>({.d_model = 8, .heads = 2, .rope_factor = -1.0}); }, "MultiHead",
-                     "config.rope_factor", "> 0", "-1");
+  expect_input_error(
+      [&] { rope_forward(policy::reference{}, pairs.view(), 0, 10000.0, {.type = rope_type::linear, .factor = 0.0}); },
+      "rope_forward", "scaling.factor", "scaling factor > 0", "0");
+  expect_input_error(
+      [&] {
+        MultiHead<double, 2>({.d_model = 8, .heads = 2, .rope_scaling = {.type = rope_type::linear, .factor = -1.0}});
+      },
+      "MultiHead", "config.rope_scaling.factor", "> 0", "-1");
   expect_input_error([&] { MultiHead<double, 2>({.d_model = 8, .heads = 2, .subln_eps = 0.0}); }, "MultiHead",
                      "config.subln_eps", "eps > 0", "0");
   Tensor<double, 2> x({3, 4}), w({5, 6}), y({3, 5});

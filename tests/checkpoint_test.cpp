@@ -32,7 +32,8 @@ namespace fs = std::filesystem;
 namespace {
 
 const fs::path hf_data = fs::path(DIFFTX_TEST_DATA) / "hf";
-const std::vector<std::string> cases{"plain", "gqa", "tied", "sharded", "bf16", "unusual", "legacy_config", "tokenizer"};
+const std::vector<std::string> cases{"plain",         "gqa",       "tied",   "sharded",      "bf16",
+                                     "unusual",       "legacy_config", "tokenizer", "llama3", "llama3_legacy"};
 
 // A fixture's expected.safetensors: tokens, logits, the greedy continuation.
 struct expected {
@@ -163,12 +164,21 @@ TEST_CASE("DiffLlama checkpoints: the config is followed, not assumed") {
   const auto unusual = io::read_diffllama_config(hf_data / "unusual");
   CHECK(unusual.rms_norm_eps == 1e-6);
   CHECK(unusual.rope_theta == 500000.0);
-  CHECK(unusual.rope_factor == 2.0);
+  CHECK(unusual.rope == rope_scaling{.type = rope_type::linear, .factor = 2.0});
   CHECK(unusual.head_dim == 16);
   CHECK(unusual.hidden_size / unusual.attention_heads != unusual.head_dim);
   const auto legacy = io::read_diffllama_config(hf_data / "legacy_config");  // rope_theta and rope_scaling, 4.x keys
   CHECK(legacy.rope_theta == 50000.0);
-  CHECK(legacy.rope_factor == 4.0);
+  CHECK(legacy.rope == rope_scaling{.type = rope_type::linear, .factor = 4.0});
+  // llama3 RoPE in both spellings: 5.x's rope_parameters and 4.x's rope_scaling with a top-level rope_theta.
+  const auto llama3 = io::read_diffllama_config(hf_data / "llama3");
+  CHECK(llama3.rope_theta == 500000.0);
+  CHECK(llama3.rope == rope_scaling{.type = rope_type::llama3, .factor = 32.0, .low_freq_factor = 1.0,
+                                    .high_freq_factor = 4.0, .original_max_positions = 64.0});
+  const auto llama3_legacy = io::read_diffllama_config(hf_data / "llama3_legacy");
+  CHECK(llama3_legacy.rope_theta == 200000.0);
+  CHECK(llama3_legacy.rope == rope_scaling{.type = rope_type::llama3, .factor = 8.0, .low_freq_factor = 1.0,
+                                           .high_freq_factor = 8.0, .original_max_positions = 512.0});
   CHECK(io::read_diffllama_config(hf_data / "tied").tie_word_embeddings);
   CHECK(io::read_diffllama_config(hf_data / "bf16").dtype == "bfloat16");
 
@@ -177,7 +187,7 @@ TEST_CASE("DiffLlama checkpoints: the config is followed, not assumed") {
   const auto& layer = model.layers()[2].config();
   CHECK(layer.eps == 1e-6);
   CHECK(layer.attention.subln_eps == 1e-6);
-  CHECK(layer.attention.rope_factor == 2.0);
+  CHECK(layer.attention.rope_scaling.factor == 2.0);
   CHECK(layer.attention.layer_index == 2);
   CHECK(layer.attention.heads == 2);
   CHECK(layer.attention.kv_heads == 1);
@@ -206,14 +216,25 @@ TEST_CASE("DiffLlama checkpoints: what difftx cannot run exactly is refused, nam
   refused([](auto& j) { j["hidden_act"] = "gelu"; }, "hidden_act", "silu", "'gelu'");
   refused([](auto& j) { j["attention_bias"] = true; }, "attention_bias", "false", "true");
   refused([](auto& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }, "rope_parameters.rope_type",
-          "default or linear", "'yarn'");
+          "default, linear or llama3", "'yarn'");
   refused([](auto& j) { j["rope_parameters"] = {{"rope_type", "linear"}}; }, "rope_parameters.factor",
           "the linear scaling factor", "none");
   refused([](auto& j) {
             j.erase("rope_parameters");
             j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
           },
-          "rope_scaling.type", "default or linear", "'dynamic'");
+          "rope_scaling.type", "default, linear or llama3", "'dynamic'");
+  refused([](auto& j) { j["rope_parameters"] = {{"rope_type", "longrope"}, {"factor", 4.0}}; },
+          "rope_parameters.rope_type", "default, linear or llama3", "'longrope'");
+  const nlohmann::json llama3 = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0},
+                                 {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                 {"original_max_position_embeddings", 8192}};
+  refused([&](auto& j) { j["rope_parameters"] = llama3; j["rope_parameters"].erase("low_freq_factor"); },
+          "rope_parameters.low_freq_factor", "llama3's low_freq_factor", "none");
+  refused([&](auto& j) { j["rope_parameters"] = llama3; j["rope_parameters"]["high_freq_factor"] = 0.5; },
+          "rope_parameters.high_freq_factor", "more than low_freq_factor", "0.5");
+  refused([&](auto& j) { j["rope_parameters"] = llama3; j["rope_parameters"]["factor"] = -1; },
+          "rope_parameters.factor", "a finite number > 0", "-1");
   refused([](auto& j) { j["rope_parameters"]["partial_rotary_factor"] = 0.5; }, "rope_parameters.partial_rotary_factor",
           "1", "0.5");
   refused([](auto& j) { j["num_key_value_heads"] = 1; }, "num_key_value_heads", "an even count", "1");

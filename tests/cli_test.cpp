@@ -1102,7 +1102,7 @@ struct hf_expected {
   }
   std::string joined(const std::vector<long long>& ids) const {
     std::string s;
-    for (const auto id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+    for (const auto id : ids) (s += s.empty() ? "" : ",") += std::to_string(id);
     return s;
   }
 };
@@ -1142,7 +1142,7 @@ double relative_to(const io::stored_tensor& got, const io::stored_tensor& expect
 
 TEST_CASE("cli models: run --model gives transformers' logits for a DiffLlama folder, int32 or int64 token ids") {
   test_support::temp_folder folder;
-  for (const std::string name : {"unusual", "sharded", "tied", "bf16"}) {
+  for (const std::string name : {"unusual", "sharded", "tied", "bf16", "llama3", "llama3_legacy"}) {
     INFO(name);
     const hf_expected e(name);
     write_token_npy(folder / "ids64.npy", e.tokens, true);
@@ -1184,7 +1184,7 @@ TEST_CASE("cli models: run --model gives transformers' logits for a DiffLlama fo
 }
 
 TEST_CASE("cli models: generate --model gives transformers' greedy tokens, and --text its text") {
-  for (const std::string name : {"plain", "gqa", "tied", "sharded", "unusual"}) {
+  for (const std::string name : {"plain", "gqa", "tied", "sharded", "unusual", "llama3", "llama3_legacy"}) {
     INFO(name);
     const hf_expected e(name);
     const auto r = difftx_cli("generate --model " + q(hf_data / name) + " --prompt " + e.joined(e.prompt) +
@@ -1212,38 +1212,59 @@ TEST_CASE("cli models: generate --model gives transformers' greedy tokens, and -
   expect_usage_error("generate --model " + q(hf_data / "plain") + " --prompt 1 --text hello", {"--prompt", "--text"});
 }
 
-TEST_CASE("cli models: convert a DiffLlama folder to one difftx file and back; run and generate need no flags") {
-  test_support::temp_folder folder;
-  const hf_expected e("unusual");
-  auto r = difftx_cli("convert --input " + q(hf_data / "unusual") + " --output " + q(folder / "ours.safetensors"));
-  INFO("stderr: " << r.err);
-  REQUIRE(r.code == 0);
-  const auto ours = io::read_safetensors(folder / "ours.safetensors");
-  CHECK(ours.contains("layers.2.attn.subln.weight"));
-  CHECK(ours.metadata.at("layers.2.attn.rope_factor") == "2");
-  // The converted file decodes as the folder does, with no flag.
-  r = difftx_cli("generate --model " + q(folder / "ours.safetensors") + " --prompt " + e.joined(e.prompt) +
-                 " --max-new-tokens " + std::to_string(e.greedy.size()) + " --dtype float64 --json");
-  REQUIRE(r.code == 0);
-  CHECK(nlohmann::json::parse(r.out).at("tokens").get<std::vector<long long>>() == e.greedy);
-  expect_usage_error("generate --model " + q(folder / "ours.safetensors") + " --prompt 1 --heads 3",
-                     {"--heads", "disagrees", "h = 2"});
-  // Back to a folder: the same logits as the original, bit for bit.
-  r = difftx_cli("convert --input " + q(folder / "ours.safetensors") + " --output " + q(folder / "back"));
-  REQUIRE(r.code == 0);
-  write_token_npy(folder / "ids.npy", e.tokens, true);
-  for (const auto& model : {hf_data / "unusual", folder / "back", folder / "ours.safetensors"}) {
-    r = difftx_cli("run --model " + q(model) + " --tokens " + q(folder / "ids.npy") + " --dtype float64 --output " +
-                   q(folder / "logits.npy"));
-    REQUIRE(r.code == 0);
-    std::filesystem::rename(folder / "logits.npy", folder / ("logits_" + model.filename().string() + ".npy"));
+// llama3's parameters survive both conversions: in the difftx file's metadata and in the folder written back.
+void check_llama3_conversion(const std::filesystem::path& ours, const std::filesystem::path& back) {
+  const auto meta = io::read_safetensors(ours).metadata;
+  CHECK(meta.at("layers.1.attn.rope_type") == "llama3");
+  CHECK(meta.at("layers.1.attn.rope_factor") == "32");
+  CHECK(meta.at("layers.1.attn.rope_original_max_positions") == "64");
+  const auto config = nlohmann::json::parse(read_text(back / "config.json"));
+  for (const auto& scaling : {config.at("rope_parameters"), config.at("rope_scaling")}) {
+    CHECK(scaling.at("rope_type") == "llama3");
+    CHECK(scaling.at("factor") == 32.0);
+    CHECK(scaling.at("low_freq_factor") == 1.0);
+    CHECK(scaling.at("high_freq_factor") == 4.0);
+    CHECK(scaling.at("original_max_position_embeddings") == 64);
   }
-  CHECK(read_text(folder / "logits_unusual.npy") == read_text(folder / "logits_back.npy"));
-  CHECK(read_text(folder / "logits_unusual.npy") == read_text(folder / "logits_ours.safetensors.npy"));
-  // A folder that is not empty is never written into.
-  r = difftx_cli("convert --input " + q(folder / "ours.safetensors") + " --output " + q(folder / "back"));
-  CHECK(r.code == 3);
-  check_message(r.err, {"back", "a new folder", "files in it"});
+  CHECK(config.at("rope_theta") == 500000.0);
+}
+
+TEST_CASE("cli models: convert a DiffLlama folder to one difftx file and back; run and generate need no flags") {
+  for (const std::string name : {"unusual", "llama3"}) {
+    INFO(name);
+    test_support::temp_folder folder;
+    const hf_expected e(name);
+    auto r = difftx_cli("convert --input " + q(hf_data / name) + " --output " + q(folder / "ours.safetensors"));
+    INFO("stderr: " << r.err);
+    REQUIRE(r.code == 0);
+    const auto ours = io::read_safetensors(folder / "ours.safetensors");
+    CHECK(ours.contains("layers.1.attn.subln.weight"));
+    if (name == "unusual") CHECK(ours.metadata.at("layers.2.attn.rope_factor") == "2");
+    // The converted file decodes as the folder does, with no flag.
+    r = difftx_cli("generate --model " + q(folder / "ours.safetensors") + " --prompt " + e.joined(e.prompt) +
+                   " --max-new-tokens " + std::to_string(e.greedy.size()) + " --dtype float64 --json");
+    REQUIRE(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out).at("tokens").get<std::vector<long long>>() == e.greedy);
+    expect_usage_error("generate --model " + q(folder / "ours.safetensors") + " --prompt 1 --heads 3",
+                       {"--heads", "disagrees", "h = 2"});
+    // Back to a folder: the same logits as the original, bit for bit.
+    r = difftx_cli("convert --input " + q(folder / "ours.safetensors") + " --output " + q(folder / "back"));
+    REQUIRE(r.code == 0);
+    write_token_npy(folder / "ids.npy", e.tokens, true);
+    if (name == "llama3") check_llama3_conversion(folder / "ours.safetensors", folder / "back");
+    for (const auto& model : {hf_data / name, folder / "back", folder / "ours.safetensors"}) {
+      r = difftx_cli("run --model " + q(model) + " --tokens " + q(folder / "ids.npy") + " --dtype float64 --output " +
+                     q(folder / "logits.npy"));
+      REQUIRE(r.code == 0);
+      std::filesystem::rename(folder / "logits.npy", folder / ("logits_" + model.filename().string() + ".npy"));
+    }
+    CHECK(read_text(folder / ("logits_" + name + ".npy")) == read_text(folder / "logits_back.npy"));
+    CHECK(read_text(folder / ("logits_" + name + ".npy")) == read_text(folder / "logits_ours.safetensors.npy"));
+    // A folder that is not empty is never written into.
+    r = difftx_cli("convert --input " + q(folder / "ours.safetensors") + " --output " + q(folder / "back"));
+    CHECK(r.code == 3);
+    check_message(r.err, {"back", "a new folder", "files in it"});
+  }
 }
 
 TEST_CASE("cli models: a malformed folder exits 3 with one line naming the file and key, and writes nothing") {

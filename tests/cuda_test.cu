@@ -137,12 +137,15 @@ struct attention_case {
 };
 const attention_case cases[] = {{1, 1, 2, 2, true}, {2, 63, 4, 2, true}, {1, 130, 2, 1, false}, {2, 97, 4, 4, true}};
 
-// A maker of MultiHead at D = 64 (C 128, layer 2) with the case's heads and mask.
+// A maker of MultiHead at D = 64 (C 128, layer 2) with the case's heads and mask, and
+// llama3 RoPE whose original context (64) puts D = 64's frequencies in all three bands.
 auto multihead_d64(const attention_case& c) {
   return [c]<class U, class P>(P p) {
-    return MultiHead<U, 64, P>(
-        {.d_model = 128, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = 2, .rope_theta = 10000.0, .causal = c.causal},
-        p);
+    return MultiHead<U, 64, P>({.d_model = 128, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = 2,
+                                .rope_theta = 10000.0,
+                                .causal = c.causal,
+                                .rope_scaling = {.type = rope_type::llama3, .factor = 32.0, .original_max_positions = 64.0}},
+                               p);
   };
 }
 

@@ -109,9 +109,12 @@ TEST_CASE("gradcheck: DiffAttn (inputs q, k, v and the four lambda vectors)") {
 }
 
 TEST_CASE("gradcheck: MultiHead") {
+  // llama3 RoPE with a short original context: of the two pairs at D = 4 one is blended, one divided.
+  const rope_scaling llama3{.type = rope_type::llama3, .factor = 8.0, .high_freq_factor = 16.0,
+                            .original_max_positions = 64.0};
   for (const auto& c : attention_cases) {
     MultiHead<double, 4> mh({.d_model = 12, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = c.layer_index,
-                             .rope_theta = 10000.0, .causal = c.causal});
+                             .rope_theta = 10000.0, .causal = c.causal, .rope_scaling = llama3});
     check_module(mh, {c.batch, c.seq, 12}, "MultiHead C=12 D=4 " + describe(c), 10);
   }
 }

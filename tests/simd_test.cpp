@@ -401,11 +401,15 @@ TEST_CASE("simd: MultiHead over the shape sweep") {
 }
 
 TEST_CASE("simd: head sizes that fill vectors (D = 32) and the baseline Attention") {
+  // llama3 RoPE whose original context (64) puts D = 32's frequencies in all three bands.
+  const rope_scaling llama3{.type = rope_type::llama3, .factor = 32.0, .original_max_positions = 64.0};
   for (const auto& c : {cases[1], cases[4]}) {
     check_all_types(
-        "MultiHead D=32 " + describe(c),
-        [c]<class U, class P>() {
-          return MultiHead<U, 32, P>({.d_model = 48, .heads = c.heads, .kv_heads = c.kv_heads, .causal = c.causal}, P{});
+        "MultiHead D=32 llama3 RoPE " + describe(c),
+        [c, llama3]<class U, class P>() {
+          return MultiHead<U, 32, P>(
+              {.d_model = 48, .heads = c.heads, .kv_heads = c.kv_heads, .causal = c.causal, .rope_scaling = llama3},
+              P{});
         },
         {c.batch, c.seq, 48});
     check_all_types(

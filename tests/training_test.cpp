@@ -172,7 +172,12 @@ TEST_CASE("LanguageModel: cross-entropy gradient of every parameter in both mode
     diff.emplace_back(DecoderLayerConfig{{.d_model = 8, .heads = 2, .layer_index = l}, 12});
     base.emplace_back(BaselineLayerConfig{{.d_model = 8, .heads = 4}, 12});
     // As a DiffLlama checkpoint may be: linear RoPE scaling, its own subln eps, the head tied to the embedding.
-    tied.emplace_back(DecoderLayerConfig{{.d_model = 8, .heads = 2, .layer_index = l, .rope_factor = 2.5, .subln_eps = 1e-2}, 12});
+    tied.emplace_back(DecoderLayerConfig{{.d_model = 8,
+                                               .heads = 2,
+                                               .layer_index = l,
+                                               .subln_eps = 1e-2,
+                                               .rope_scaling = {.type = rope_type::linear, .factor = 2.5}},
+                                              12});
   }
   check_model(LanguageModel<DecoderLayer<double, 2>>({7, 8}, std::move(diff)), "LanguageModel<DecoderLayer>");
   check_model(LanguageModel<BaselineLayer<double, 2>>({7, 8}, std::move(base)), "LanguageModel<BaselineLayer>");

@@ -121,12 +121,12 @@ void linear_backward(const fake_device&, cview<T, 2> x, cview<T, 2> w, cview<T, 
   on_host([](auto... a) { linear_backward(policy::reference{}, a...); }, x, w, dy, dx, dw, dx_mode);
 }
 template <Scalar T>
-void rope_forward(const fake_device&, TensorView<T, 4> x, index_t offset, double theta, double factor) {
-  on_host([](auto... a) { rope_forward(policy::reference{}, a...); }, x, offset, theta, factor);
+void rope_forward(const fake_device&, TensorView<T, 4> x, index_t offset, double theta, const rope_scaling& scaling) {
+  on_host([](auto... a) { rope_forward(policy::reference{}, a...); }, x, offset, theta, scaling);
 }
 template <Scalar T>
-void rope_backward(const fake_device&, TensorView<T, 4> dx, index_t offset, double theta, double factor) {
-  on_host([](auto... a) { rope_backward(policy::reference{}, a...); }, dx, offset, theta, factor);
+void rope_backward(const fake_device&, TensorView<T, 4> dx, index_t offset, double theta, const rope_scaling& scaling) {
+  on_host([](auto... a) { rope_backward(policy::reference{}, a...); }, dx, offset, theta, scaling);
 }
 template <int Maps, Scalar T>
 void attention_forward(const fake_device&, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, cview<accum_t<T>, 1> lambda,

@@ -7,7 +7,8 @@
 # target reported a finding (crash, sanitizer report, leak, timeout, out-of-memory), naming the input
 # that caused it.
 #
-#   tools/fuzz.sh [SECONDS] [TARGET...]       (targets: fuzz_npy fuzz_safetensors fuzz_run; default all)
+#   tools/fuzz.sh [SECONDS] [TARGET...]       (targets: fuzz_npy fuzz_safetensors fuzz_checkpoint_config fuzz_run;
+#                                              default all)
 #
 # Everything it writes goes to one folder, kept and printed at the end: $FUZZ_OUT if set, else a new
 # /tmp/difftx-fuzz.XXXXXX. In it: <target>.log (libFuzzer's output), corpus/<target>/ (the seeds plus
@@ -22,11 +23,11 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "usage: tools/fuzz.sh [SECONDS] [TARGET...] (SECONDS: a positive integer, got '$seconds')" >&2; exit 2; }
 (($# > 0)) && shift
-all=(fuzz_npy fuzz_safetensors fuzz_run)
+all=(fuzz_npy fuzz_safetensors fuzz_checkpoint_config fuzz_run)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 # -max_len: a few times the largest seed (fuzz_run holds arguments and three files).
-declare -A max_len=([fuzz_npy]=4096 [fuzz_safetensors]=8192 [fuzz_run]=16384)
+declare -A max_len=([fuzz_npy]=4096 [fuzz_safetensors]=8192 [fuzz_checkpoint_config]=8192 [fuzz_run]=16384)
 for t in "${targets[@]}"; do
   [[ -v max_len[$t] ]] || { echo "tools/fuzz.sh: unknown target '$t' (targets: ${all[*]})" >&2; exit 2; }
 done

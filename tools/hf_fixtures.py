@@ -15,6 +15,7 @@ Run with the venv described in tools/make_fixtures.py (torch 2.15.0 and
 transformers 5.23.0 from PyPI; CPU only), from anywhere:
 
     VENV/bin/python tools/make_fixtures.py --hf     # or: VENV/bin/python tools/hf_fixtures.py
+    VENV/bin/python tools/hf_fixtures.py --cases llama3 llama3_legacy    # only these folders
     VENV/bin/python tools/hf_fixtures.py --roundtrip build/release/tools/difftx
 
 The first form (re)writes every case folder; it is deterministic (fixed seeds,
@@ -36,6 +37,13 @@ head_dim, L layers, F intermediate size):
                    top-level rope_theta 5e4 and rope_scaling {"type": "linear", "factor": 4.0},
                    torch_dtype, no rope_parameters
     tokenizer      as plain with V 128 = a BPE SentencePiece model trained here (tokenizer.model)
+    llama3         V 96, C 64, H 4, Hkv 2, hd 16, L 2, F 96, tied, weights stored as BF16, theta 5e5,
+                   rope_parameters {"rope_type": "llama3", "factor": 32, "low_freq_factor": 1,
+                   "high_freq_factor": 4, "original_max_position_embeddings": 64}: with hd 16 the
+                   wavelengths fall in all three bands (kept, blended, divided) at this short context
+    llama3_legacy  V 80, C 48, H 8, Hkv 4, hd 6, L 2, F 64, float32, config.json in 4.x keys: top-level
+                   rope_theta 2e5 and rope_scaling {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
+                   "high_freq_factor": 8, "original_max_position_embeddings": 512} (again all three bands)
 
 Weights are drawn in float64 from a fixed seed and rounded to the stored type:
 embeddings N(0, 1), projections N(0, 1/in), lm_head N(0, 2^2/C), lambda_q1/k1/
@@ -160,6 +168,16 @@ CASES = [
               "{type: linear, factor: 4.0}, torch_dtype, no rope_parameters"),
     dict(name="tokenizer", V=None, C=32, H=4, Hkv=4, L=2, F=64, tokenizer=True,
          desc="as plain, V = the size of tokenizer.model (SentencePiece BPE, unk 0, bos 1, eos 2, no byte fallback)"),
+    dict(name="llama3", V=96, C=64, H=4, Hkv=2, hd=16, L=2, F=96, tied=True, emb_std=0.3, out_scale=2.0,
+         dtype="bfloat16", theta=500000.0,
+         rope={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
+         desc="llama3 RoPE as the public DiffLlama-375M/300m/0.3B folders (theta 5e5, factor 32, low 1, high 4), "
+              "with the original context 64 so that every band is hit; tied, GQA, BF16"),
+    dict(name="llama3_legacy", V=80, C=48, H=8, Hkv=4, L=2, F=64, theta=200000.0, legacy=True,
+         rope={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 8.0,
+               "original_max_position_embeddings": 512},
+         desc="llama3 RoPE in 4.x keys (top-level rope_theta, rope_scaling with rope_type llama3), float32, GQA"),
 ]
 
 # English text for the tokenizer case (written for this file).
@@ -293,7 +311,10 @@ def legacy_config_json(s, saved):
             "num_key_value_heads", "rms_norm_eps", "tie_word_embeddings", "use_cache", "vocab_size"]
     c = {k: saved[k] for k in keys}
     c["rope_theta"] = s["theta"]
-    c["rope_scaling"] = {"type": s["rope"]["rope_type"], "factor": s["rope"]["factor"]} if s["rope"] else None
+    if s["rope"] and s["rope"]["rope_type"] == "llama3":  # as Llama 3.1's config.json spells it
+        c["rope_scaling"] = dict(s["rope"])
+    else:
+        c["rope_scaling"] = {"type": s["rope"]["rope_type"], "factor": s["rope"]["factor"]} if s["rope"] else None
     c["torch_dtype"] = s["dtype"]
     c["transformers_version"] = "4.48.0"
     return c
@@ -309,13 +330,32 @@ def read_hf_config(folder):
         c = json.load(f)
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
-    check(kind in ("default", "linear"), f"rope type {kind}")
+    check(kind in ("default", "linear", "llama3"), f"rope type {kind}")
     return dict(V=c["vocab_size"], C=c["hidden_size"], F=c["intermediate_size"], L=c["num_hidden_layers"],
                 H=c["num_attention_heads"], Hkv=c.get("num_key_value_heads") or c["num_attention_heads"],
                 hd=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], eps=c["rms_norm_eps"],
                 theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-                factor=float(rope.get("factor", 1.0)) if kind == "linear" else 1.0,
-                tied=bool(c.get("tie_word_embeddings", False)))
+                rope_type=kind, rope=rope, tied=bool(c.get("tie_word_embeddings", False)))
+
+
+def inverse_frequencies(cfg, hd):
+    """RoPE's f_t for t < hd/2 in float64: theta^(-2t/hd), then the rope type's scaling. llama3:
+    wavelengths 2 pi / f above L / low_freq_factor are divided by the factor, those below
+    L / high_freq_factor kept, the band between blended linearly in L / wavelength."""
+    t = torch.arange(hd // 2, dtype=torch.float64)
+    base = torch.pow(torch.tensor(cfg["theta"], dtype=torch.float64), -2.0 * t / hd)
+    r = cfg["rope"]
+    if cfg["rope_type"] == "linear":
+        return base / r["factor"]
+    if cfg["rope_type"] != "llama3":
+        return base
+    factor, lo, hi = float(r["factor"]), float(r["low_freq_factor"]), float(r["high_freq_factor"])
+    L = float(r["original_max_position_embeddings"])
+    wave = 2 * math.pi / base
+    blend = (L / wave - lo) / (hi - lo)
+    out = (1 - blend) * base / factor + blend * base
+    out = torch.where(wave > L / lo, base / factor, out)
+    return torch.where(wave < L / hi, base, out)
 
 
 def read_hf_weights(folder):
@@ -337,7 +377,7 @@ def exact_logits(folder, tokens):
     Per layer l, with h = H/2 differential heads and m = Hkv/2: differential head i
     pairs query heads i and i + h; its keys are kv heads j = i // (H/Hkv) and j + m,
     its value the concatenation of kv heads j and j + m (2 hd wide). RoPE is the
-    half-split kind ((x[t], x[t + hd/2]) rotated together by p * theta^(-2t/hd) / factor).
+    half-split kind ((x[t], x[t + hd/2]) rotated together by p * f_t, inverse_frequencies).
     The per-head norm is an RMSNorm without weight, eps = rms_norm_eps, times
     (1 - lambda_init(l)).
     """
@@ -352,9 +392,7 @@ def exact_logits(folder, tokens):
         return y if weight is None else y * weight
 
     def rope(x):  # x [b, n, heads, hd]
-        t = torch.arange(half, dtype=f64)
-        inv = torch.pow(torch.tensor(cfg["theta"], dtype=f64), -2.0 * t / hd) / cfg["factor"]
-        ang = torch.arange(n, dtype=f64)[:, None] * inv[None, :]           # [n, hd/2]
+        ang = torch.arange(n, dtype=f64)[:, None] * inverse_frequencies(cfg, hd)[None, :]  # [n, hd/2]
         c, s = torch.cos(ang)[None, :, None, :], torch.sin(ang)[None, :, None, :]
         lo, hi = x[..., :half], x[..., half:]
         return torch.cat([lo * c - hi * s, hi * c + lo * s], dim=-1)
@@ -503,8 +541,7 @@ def make_case(index, case, sp_bytes):
     mem.load_state_dict({k: t.to(torch.float32) for k, t in model.state_dict().items()})
     if s["legacy"]:
         # The in-memory model has the equivalent new-style config: the legacy file must mean the same.
-        check(m32.config.rope_parameters["rope_type"] == s["rope"]["rope_type"]
-              and m32.config.rope_parameters["factor"] == s["rope"]["factor"]
+        check(all(m32.config.rope_parameters[k] == v for k, v in s["rope"].items())
               and m32.config.rope_parameters["rope_theta"] == s["theta"], f"{name}: {m32.config.rope_parameters}")
         check(m32.config.dtype == torch.float32, f"{name}: dtype {m32.config.dtype}")
     f32 = logits_of(m32, tokens)
@@ -582,16 +619,20 @@ def make_case(index, case, sp_bytes):
     return size
 
 
-def generate_all():
+def generate_all(cases=None):
     if (torch.__version__.split("+")[0], transformers.__version__) != (WANT_TORCH, WANT_TRANSFORMERS):
         die(f"needs torch {WANT_TORCH} and transformers {WANT_TRANSFORMERS} (have {torch.__version__}, "
             f"{transformers.__version__}); see tools/make_fixtures.py's docstring")
     os.makedirs(HF_DIR, exist_ok=True)
     sp_bytes = train_sentencepiece()
     check(train_sentencepiece() == sp_bytes, "sentencepiece training is not deterministic")
+    unknown = set(cases or []) - {c["name"] for c in CASES}
+    if unknown:
+        die(f"unknown cases {sorted(unknown)}")
     total = 0
-    for i, case in enumerate(CASES):
-        total += make_case(i, case, sp_bytes if case.get("tokenizer") else None)
+    for i, case in enumerate(CASES):  # a case's seeds follow its index, so --cases rewrites the same bytes
+        if not cases or case["name"] in cases:
+            total += make_case(i, case, sp_bytes if case.get("tokenizer") else None)
     print(f"{'total':14s} {total:7d} bytes")
     return 0
 
@@ -649,13 +690,11 @@ def roundtrip(binary, cases=None):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--roundtrip", metavar="DIFFTX", help="check `DIFFTX convert` both ways on every case folder")
-    ap.add_argument("--cases", nargs="+", help="--roundtrip: only these case folders")
+    ap.add_argument("--cases", nargs="+", help="only these case folders (generation or --roundtrip)")
     args = ap.parse_args(argv)
     if args.roundtrip:
         return roundtrip(args.roundtrip, args.cases)
-    if args.cases:
-        die("--cases goes with --roundtrip (generation always writes every case)")
-    return generate_all()
+    return generate_all(args.cases)
 
 
 if __name__ == "__main__":

@@ -63,17 +63,27 @@ def plan(a):
     return out
 
 
+LLAMA3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}  # as the public llama3-RoPE DiffLlama folders
+
+
 def config_json(a):
-    return {
+    rope = dict(LLAMA3) if a.rope_type == "llama3" else {"rope_type": "default"}
+    config = {
         "architectures": ["DiffLlamaForCausalLM"], "model_type": "diffllama",
         "vocab_size": a.vocab, "hidden_size": a.hidden, "intermediate_size": a.intermediate,
         "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
         "head_dim": a.head_dim, "hidden_act": "silu", "max_position_embeddings": a.max_positions,
         "initializer_range": 0.02, "rms_norm_eps": a.eps, "use_cache": True, "pad_token_id": None,
         "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": a.tie,
-        "rope_parameters": {"rope_type": "default", "rope_theta": a.rope_theta},
+        "rope_parameters": dict(rope, rope_theta=a.rope_theta),
         "attention_bias": False, "attention_dropout": 0.0, "lambda_std_dev": 0.1, "dtype": a.dtype,
     }
+    if a.legacy_config:  # transformers 4.x's keys: top-level rope_theta, rope_scaling, torch_dtype
+        del config["rope_parameters"], config["dtype"]
+        config.update(rope_theta=a.rope_theta, rope_scaling=rope if a.rope_type != "default" else None,
+                      torch_dtype=a.dtype)
+    return config
 
 
 def main():
@@ -89,6 +99,10 @@ def main():
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--tie", action="store_true", help="tie_word_embeddings (no lm_head.weight)")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--rope-type", choices=["default", "llama3"], default="default",
+                    help="llama3: factor 32, low 1, high 4, original context 8192, as the public folders")
+    ap.add_argument("--legacy-config", action="store_true",
+                    help="config.json in transformers 4.x keys (top-level rope_theta and rope_scaling)")
     ap.add_argument("--eps", type=float, default=1e-5)
     ap.add_argument("--max-positions", type=int, default=4096)
     ap.add_argument("--shard-gb", type=float, default=2.0, help="largest shard, in GB (10^9 bytes)")

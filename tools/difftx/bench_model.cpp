@@ -21,6 +21,7 @@
 #include <difftx/policy/simd/memory_read.hpp>
 
 #include "commands.hpp"
+#include "flops.hpp"
 #include "language_model_runner.hpp"
 #include "model_source.hpp"
 #include "runner.hpp"  // policy_description
@@ -69,6 +70,15 @@ void bench_model(const model_bench_options& o) {
   std::vector<token_t> prompt(static_cast<std::size_t>(o.prompt_tokens));
   for (auto& t : prompt)
     t = static_cast<token_t>(std::min<double>(rng.uniform() * double(spec.model.vocab_size), double(spec.model.vocab_size - 1)));
+
+  // Every layer over the prompt, and the head at its last token only (the prefill generate runs).
+  double prefill_flops = difftx_bench::linear_forward(1, double(spec.model.vocab_size), double(spec.model.d_model));
+  for (const auto& layer : spec.layers) {
+    const auto& at = layer.attention;
+    prefill_flops += difftx_bench::decoder_forward(1, double(o.prompt_tokens), double(at.d_model), double(at.heads),
+                                                   double(at.kv_heads), double(at.head_dim), double(layer.ffn_dim),
+                                                   at.causal);
+  }
 
   std::vector<model_timing> rows;
   for (const auto& policy : o.policies) {
@@ -128,7 +138,8 @@ void bench_model(const model_bench_options& o) {
                                          {"dtype", o.dtype}, {"weights_dtype", o.weights_dtype},
                                          {"kv_dtype", o.kv_dtype}, {"threads", row.threads}, {"repeats", o.repeats},
                                          {"prompt_tokens", o.prompt_tokens}, {"new_tokens", o.new_tokens},
-                                         {"prefill_ms", row.prefill_ms},
+                                         {"prefill_ms", row.prefill_ms}, {"prefill_flops", prefill_flops},
+                                         {"prefill_GFLOPs", prefill_flops / row.prefill_ms / 1e6},
                                          {"prefill_tokens_per_s", double(o.prompt_tokens) / row.prefill_ms * 1e3},
                                          {"decode_ms_per_token", row.decode_ms_per_token},
                                          {"decode_tokens_per_s", 1e3 / row.decode_ms_per_token},
@@ -147,17 +158,21 @@ void bench_model(const model_bench_options& o) {
               o.model.c_str(), source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads,
               a.kv_heads, a.head_dim, spec.first().ffn_dim, o.dtype.c_str(), o.weights_dtype.c_str(), o.kv_dtype.c_str(),
               o.prompt_tokens, o.new_tokens, o.repeats);
-  std::printf("%-34s %7s %12s %16s %15s %16s %10s %9s %10s\n", "policy", "threads", "prefill ms", "prefill tokens/s",
-              "decode ms/token", "decode tokens/s", "read GB/s", "of bound", "of weights");
+  std::printf("%-34s %7s %12s %16s %15s %15s %16s %10s %9s %10s\n", "policy", "threads", "prefill ms",
+              "prefill tokens/s", "prefill GFLOP/s", "decode ms/token", "decode tokens/s", "read GB/s", "of bound",
+              "of weights");
   for (const auto& row : rows) {
-    std::printf("%-34s %7d %12.3f %16.1f %15.3f %16.2f", row.description.c_str(), row.threads, row.prefill_ms,
-                double(o.prompt_tokens) / row.prefill_ms * 1e3, row.decode_ms_per_token, 1e3 / row.decode_ms_per_token);
+    std::printf("%-34s %7d %12.3f %16.1f %15.1f %15.3f %16.2f", row.description.c_str(), row.threads, row.prefill_ms,
+                double(o.prompt_tokens) / row.prefill_ms * 1e3, prefill_flops / row.prefill_ms / 1e6,
+                row.decode_ms_per_token, 1e3 / row.decode_ms_per_token);
     if (row.read_ms > 0)
       std::printf(" %10.1f %8.1f%% %9.1f%%\n", (row.weight_bytes + row.cache_bytes) / row.read_ms / 1e6,
                   100 * row.bound_share, 100 * row.weights_bound_share);
     else
       std::printf(" %10s %9s %10s\n", "-", "-", "-");
   }
+  std::printf("prefill GFLOP/s: %.2f GFLOP, every layer over the prompt and the head at its last token only\n",
+              prefill_flops / 1e9);
   std::printf("read GB/s: the bytes a decode step reads (the weights, %.0f MB, and the cache's keys and values, a "
               "median %.1f MB), read again by its threads after each step; of bound: the median of that read's time "
               "over the step's; of weights: of the weights' part of it\n",

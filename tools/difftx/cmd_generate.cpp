@@ -1,9 +1,13 @@
-// difftx generate: greedy decoding with a language model, from a Hugging Face
-// DiffLlama folder or a difftx file (model_source.hpp), using the KV cache:
-// the prompt in one prefill, then one decode step per new token. Prints the
-// new tokens (and their text, through the folder's tokenizer.model) and how
-// fast each phase ran.
+// difftx generate: text generation with a language model, from a Hugging Face
+// DiffLlama folder or a difftx file (model_source.hpp), through the library's
+// generate (generation/generate.hpp): the prompt in one prefill, then one
+// decode step per new token, greedy or sampled, until the folder's
+// end-of-sequence token or --max-new-tokens. Prints the new tokens (and their
+// text as it is generated, through the folder's tokenizer) and how fast each
+// phase ran.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -25,6 +29,8 @@ struct generate_options {
   std::string model, text;
   std::vector<index_t> prompt;
   index_t max_new_tokens = 16;
+  sampling_options sampling;
+  bool ignore_eos = false;
   model_flags flags;
   bool json = false;
   std::string dtype, policy;
@@ -38,6 +44,41 @@ void require_prompt_in_vocabulary(const std::vector<token_t>& prompt, index_t vo
                                                  ") is outside the vocabulary [0, " + std::to_string(vocab_size) +
                                                  ") of " + model);
 }
+
+// The text of the new tokens, printed as they come: each time the new part of
+// the decoded text, held back while it ends inside a character (a byte-level
+// token may carry part of one; the decoder then ends with U+FFFD).
+class text_stream {
+ public:
+  explicit text_stream(const text_tokenizer* tokenizer) : tokenizer_(tokenizer) {}
+  void push(token_t t) {
+    ids_.push_back(t);
+    if (tokenizer_) print(complete_part(tokenizer_->decode(ids_)));
+  }
+  void finish() {
+    if (!tokenizer_) return;
+    print(tokenizer_->decode(ids_));
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+
+ private:
+  static std::string complete_part(std::string text) {
+    static constexpr std::string_view replacement = "\xEF\xBF\xBD";
+    while (text.ends_with(replacement)) text.resize(text.size() - replacement.size());
+    return text;
+  }
+  void print(const std::string& text) {
+    if (text.size() <= printed_) return;
+    std::fwrite(text.data() + printed_, 1, text.size() - printed_, stdout);
+    std::fflush(stdout);
+    printed_ = text.size();
+  }
+
+  const text_tokenizer* tokenizer_;
+  std::vector<token_t> ids_;
+  std::size_t printed_ = 0;
+};
 
 std::string joined(const std::vector<token_t>& tokens) {
   std::string out;
@@ -72,22 +113,40 @@ void generate(const generate_options& o) {
   source.load_into(*model);
 
   const auto prompt_tokens = static_cast<index_t>(prompt.size());
-  // The last new token is never fed back, so the cache holds one token fewer than the sequence.
-  const index_t capacity = prompt_tokens + o.max_new_tokens - 1;
-  std::vector<token_t> generated;
-  auto start = std::chrono::steady_clock::now();
-  generated.push_back(model->prefill(prompt, capacity));
-  const double prefill_ms = ms_since(start);
-  start = std::chrono::steady_clock::now();
-  while (static_cast<index_t>(generated.size()) < o.max_new_tokens) generated.push_back(model->decode(generated.back()));
-  const double decode_ms = ms_since(start);
-  const index_t steps = o.max_new_tokens - 1;  // decode steps: every new token after the first
-
+  const generation_options options{.max_new_tokens = o.max_new_tokens,
+                                   .stop_tokens = o.ignore_eos ? std::vector<token_t>{} : source.eos_token_ids(),
+                                   .sampling = o.sampling};
   const auto& l = spec.first();
   const auto& a = l.attention;
+  if (!o.json)
+    std::printf("difftx generate: %s, %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td; %s, %s "
+                "(weights %s, KV cache %s), %d thread%s\n",
+                source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads, a.kv_heads,
+                a.head_dim, l.ffn_dim, policy_description(o.policy, model->bf16_product()).c_str(), o.dtype.c_str(),
+                o.weights_dtype.c_str(), o.kv_dtype.c_str(), model->threads(), model->threads() == 1 ? "" : "s");
+  if (tokenizer && !o.json) std::printf("prompt: %s\n", joined(prompt).c_str());
+  if (tokenizer && !o.json) std::printf("text: ");
+  std::fflush(stdout);
+
+  // The first token's time is the prefill's; the rest are decode steps.
+  text_stream stream(tokenizer.get());
+  const auto start = std::chrono::steady_clock::now();
+  double prefill_ms = 0;
+  const auto generated = model->generate(prompt, options, [&](token_t t) {
+    if (prefill_ms == 0) prefill_ms = ms_since(start);
+    stream.push(t);
+  });
+  const double decode_ms = ms_since(start) - prefill_ms;
+  stream.finish();
+  const auto steps = static_cast<index_t>(generated.size()) - 1;  // every new token after the first
+  const bool stopped = std::ranges::find(options.stop_tokens, generated.back()) != options.stop_tokens.end();
+
   if (o.json) {
     nlohmann::json j{{"tokens", generated}, {"prompt", prompt}, {"prompt_tokens", prompt_tokens},
-                     {"new_tokens", o.max_new_tokens}, {"prefill_ms", prefill_ms},
+                     {"new_tokens", generated.size()}, {"max_new_tokens", o.max_new_tokens},
+                     {"stop", stopped ? "eos" : "length"}, {"eos_token_ids", options.stop_tokens},
+                     {"temperature", o.sampling.temperature}, {"top_k", o.sampling.top_k},
+                     {"top_p", o.sampling.top_p}, {"seed", o.sampling.seed}, {"prefill_ms", prefill_ms},
                      {"prefill_tokens_per_s", prompt_tokens / prefill_ms * 1e3}, {"decode_steps", steps},
                      {"decode_ms", decode_ms}, {"model", o.model}, {"model_kind", source.kind()},
                      {"layers", spec.layers.size()}, {"vocab_size", spec.model.vocab_size},
@@ -101,14 +160,8 @@ void generate(const generate_options& o) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  std::printf("difftx generate: %s, %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td; %s, %s "
-              "(weights %s, KV cache %s), %d thread%s\n",
-              source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads, a.kv_heads,
-              a.head_dim, l.ffn_dim, policy_description(o.policy, model->bf16_product()).c_str(), o.dtype.c_str(),
-              o.weights_dtype.c_str(), o.kv_dtype.c_str(), model->threads(), model->threads() == 1 ? "" : "s");
-  if (tokenizer) std::printf("prompt: %s\n", joined(prompt).c_str());
   std::printf("tokens: %s\n", joined(generated).c_str());
-  if (tokenizer) std::printf("text: %s\n", tokenizer->decode(generated).c_str());
+  std::printf("stop: %s\n", stopped ? "end-of-sequence token" : "--max-new-tokens");
   std::printf("prefill: %td prompt tokens in %.3f ms, %.0f tokens/s\n", prompt_tokens, prefill_ms,
               prompt_tokens / prefill_ms * 1e3);
   if (steps > 0)
@@ -122,7 +175,7 @@ void generate(const generate_options& o) {
 
 void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<generate_options>();
-  auto* cmd = app.add_subcommand("generate", "greedy decoding with a language model, using the KV cache");
+  auto* cmd = app.add_subcommand("generate", "text generation with a language model (greedy or sampled), using the KV cache");
   add_model_options(*cmd, o->model, o->flags)->required();
   auto* prompt = cmd->add_option("--prompt", o->prompt, "token ids of the prompt, comma-separated (e.g. 1,2,3), each in [0, V)")
                      ->delimiter(',')
@@ -131,9 +184,26 @@ void add_generate_command(CLI::App& app) {
                                "the prompt as text, encoded by the tokenizer.model beside the weights (after the "
                                "beginning-of-sequence token); the new tokens are printed as text too");
   prompt->excludes(text);
-  cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate")
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate at most")
       ->check(count_in(1))
       ->capture_default_str();
+  cmd->add_option("--temperature", o->sampling.temperature,
+                  "sample with this temperature (logits divided by it); 0: greedy, the largest logit")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  auto* top_k = cmd->add_option("--top-k", o->sampling.top_k, "sample among the k most likely tokens only (0: all)")
+                    ->check(CLI::NonNegativeNumber)
+                    ->capture_default_str();
+  auto* top_p = cmd->add_option("--top-p", o->sampling.top_p,
+                                "sample among the most likely tokens whose probability reaches p (1: all)")
+                    ->check(CLI::Range(std::nextafter(0.0, 1.0), 1.0))
+                    ->capture_default_str();
+  cmd->add_option("--seed", o->sampling.seed,
+                  "the sampler's seed: the same seed gives the same tokens on every CPU policy and thread count")
+      ->capture_default_str();
+  cmd->add_flag("--ignore-eos", o->ignore_eos,
+                "go on to --max-new-tokens past the end-of-sequence token (generation_config.json's or "
+                "config.json's eos_token_id)");
   add_dtype_option(*cmd, o->dtype);
   add_policy_option(*cmd, o->policy);
   add_threads_option(*cmd, o->flags.threads, "OMP_NUM_THREADS or every core");
@@ -147,12 +217,19 @@ void add_generate_command(CLI::App& app) {
       "A DiffLlama folder's config.json gives every size; a difftx file gives them in its metadata when difftx\n"
       "wrote it, else V and C come from embed_tokens.weight, the layer count from the layers.<i>. prefixes (layer\n"
       "i gets layer_index i), D, F, h and g from layer 0's weights (or the flags); every layer is checked against\n"
-      "them. The first new token comes from the prefill's last logits, each further one from a decode step (the\n"
-      "largest logit; the first of equal ones). Prints the new token ids, the prefill's prompt tokens per\n"
-      "second and the decode steps' time per token (one run, no warm-up: what a user waits).\n" +
+      "them. The first new token comes from the prefill (the head at the prompt's last token only), each further\n"
+      "one from a decode step: the largest logit (the first of equal ones), or with --temperature a draw after\n"
+      "temperature, top-k and top-p, in that order (docs/semantics.md, Generation). Generation stops after an\n"
+      "end-of-sequence token (printed) unless --ignore-eos. Prints the new token ids (and with --text their text\n"
+      "as it comes), the prefill's prompt tokens per second and the decode steps' time per token (one run, no\n"
+      "warm-up: what a user waits).\n" +
       exit_codes_help);
-  cmd->callback([o, prompt, text] {
+  cmd->callback([o, prompt, text, top_k, top_p] {
     if (!prompt->count() && !text->count()) throw CLI::RequiredError("--prompt or --text");
+    if (o->sampling.temperature == 0)
+      for (auto* option : {top_k, top_p})
+        if (option->count())
+          throw CLI::ValidationError(option->get_name(), "applies to sampling: give --temperature > 0 as well");
     if (prompt->count() && o->prompt.empty()) throw CLI::ValidationError("--prompt", "needs at least one token id");
     generate(*o);
   });

@@ -43,13 +43,20 @@ class model_runner final : public language_model_runner {
     io::write_npy_to(out, type, logits_.const_view(), label);
   }
 
+  std::vector<token_t> generate(std::span<const token_t> prompt, const generation_options& options,
+                                const std::function<void(token_t)>& on_token) const override {
+    auto with_kv = options;
+    with_kv.kv_cache = kv_cache_;
+    return difftx::generate(model_, prompt, with_kv, on_token);
+  }
+
   token_t prefill(std::span<const token_t> prompt, index_t capacity) override {
     Tensor<token_t, 2> tokens({1, static_cast<index_t>(prompt.size())});
     std::copy(prompt.begin(), prompt.end(), tokens.data());
     cache_ = model_.make_cache(1, capacity, kv_cache_);
-    logits_.resize(model_.output_shape(tokens.shape()), model_.policy().memory());
-    model_.prefill(tokens.const_view(), cache_, logits_.view());
-    return last_argmax();
+    logits_.resize({1, 1, model_.config().vocab_size}, model_.policy().memory());
+    model_.prefill(tokens.const_view(), cache_, logits_.view().template reshape<2>({1, model_.config().vocab_size}));
+    return most_likely();
   }
 
   token_t decode(token_t token) override {
@@ -57,7 +64,7 @@ class model_runner final : public language_model_runner {
     tokens(0, 0) = token;
     logits_.resize(model_.output_shape(tokens.shape()), model_.policy().memory());
     model_.decode(tokens.const_view(), cache_, logits_.view());
-    return last_argmax();
+    return most_likely();
   }
 
   std::vector<std::span<const std::byte>> weights_read_per_token() override {
@@ -94,25 +101,9 @@ class model_runner final : public language_model_runner {
       model_.add_decoding_panels();
   }
 
-  // The largest logit of the last position (the first of equal ones); a NaN
-  // or an infinity there is bad input, as `difftx run` reports a non-finite output.
-  token_t last_argmax() const {
-    const index_t V = logits_.extent(2), position = cache_.front().length(0) - 1;
-    const T* row = logits_.data() + (logits_.extent(1) - 1) * V;
-    index_t best = 0;
-    double best_value = 0;
-    for (index_t v = 0; v < V; ++v) {
-      const double x = scalar_traits<T>::to_double(row[v]);
-      if (!std::isfinite(x))
-        throw input_error("generate", "logits", "finite values from finite weights",
-                          std::to_string(x) + " for token " + std::to_string(v) + " after position " +
-                              std::to_string(position) + " as " + std::string(scalar_traits<T>::name));
-      if (v == 0 || x > best_value) {
-        best = v;
-        best_value = x;
-      }
-    }
-    return static_cast<token_t>(best);
+  // The largest logit of the last step (the first of equal ones; logits_ holds one position).
+  token_t most_likely() const {
+    return greedy_.next(std::span<const T>(logits_.data(), static_cast<std::size_t>(logits_.size())));
   }
 
   Model model_;
@@ -120,6 +111,7 @@ class model_runner final : public language_model_runner {
   bool decodes_;
   typename Model::cache_type cache_;
   Tensor<T, 3> logits_;  // [B, tokens of the last call, V]
+  mutable token_sampler greedy_{sampling_options{}};
 };
 
 template <class T, class Policy>

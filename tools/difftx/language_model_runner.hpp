@@ -3,10 +3,11 @@
 // --model`, `generate` and `bench --model` choose both at run time, as
 // runner.hpp does for single modules. It loads from a Hugging Face DiffLlama
 // folder or a difftx file (model_source.hpp), computes logits for a batch of
-// token ids, and decodes one sequence greedily with the KV cache.
+// token ids, and generates from one prompt with the KV cache.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <span>
@@ -14,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include <difftx/generation/generate.hpp>
 #include <difftx/io/diffllama.hpp>
 #include <difftx/io/mapped_safetensors.hpp>
 #include <difftx/modules/decoder_layer.hpp>
@@ -60,7 +62,12 @@ class language_model_runner {
   // The logits as an .npy of `type` (float32 or float64), converted a chunk at a time.
   virtual void write_logits(std::ostream& out, io::dtype type, const std::string& label) const = 0;
 
-  // The cache restarts with prompt, with room for `capacity` tokens in all;
+  // generation/generate.hpp: the new tokens, on_token called with each as it is chosen.
+  virtual std::vector<token_t> generate(std::span<const token_t> prompt, const generation_options& options,
+                                        const std::function<void(token_t)>& on_token) const = 0;
+
+  // bench --model's steps, greedy. The cache restarts with prompt, with room
+  // for `capacity` tokens in all (the head runs at its last token only);
   // returns the most likely token after the prompt.
   virtual token_t prefill(std::span<const token_t> prompt, index_t capacity) = 0;
   // token joins the cache; returns the most likely token after it.

@@ -2,6 +2,7 @@
 #include "model_source.hpp"
 
 #include <charconv>
+#include <optional>
 #include <set>
 #include <string>
 #include <system_error>
@@ -117,8 +118,8 @@ language_model_spec spec_from_architecture(const std::map<std::string, std::stri
                                          .rope_theta = number(p + "attn.rope_theta"),
                                          .causal = text(p + "attn.causal") == "true",
                                          .head_dim = count(p + "attn.head_dim"),
-                                         .rope_factor = number(p + "attn.rope_factor"),
-                                         .subln_eps = number(p + "attn.subln.eps")},
+                                         .subln_eps = number(p + "attn.subln.eps"),
+                                         .rope_scaling = recorded_rope_scaling(meta, p + "attn.", where, label)},
                            .ffn_dim = gate->second.shape[0],
                            .eps = eps});
   }
@@ -140,6 +141,27 @@ void require_flags_agree(const model_flags& flags, const language_model_spec& sp
   if (flags.eps) agree(*flags.eps == spec.first().eps, "--eps", "eps " + architecture_value(spec.first().eps));
 }
 
+// eos_token_id of a folder's JSON file (an id or a list of ids), as generate reads it;
+// none where the file or the key is absent.
+std::optional<std::vector<token_t>> eos_ids_in(const std::filesystem::path& file) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) return std::nullopt;
+  const auto j = io::read_json_file(file, "load");
+  const auto it = j.is_object() ? j.find("eos_token_id") : j.end();
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  const auto id = [&](const nlohmann::json& v) {
+    require(v.is_number_integer() && v.get<long long>() >= 0 && v.get<long long>() < (1LL << 31), where,
+            file.string() + ": eos_token_id", "a token id or a list of token ids", v.dump());
+    return static_cast<token_t>(v.get<long long>());
+  };
+  std::vector<token_t> ids;
+  if (it->is_array())
+    for (const auto& v : *it) ids.push_back(id(v));
+  else
+    ids.push_back(id(*it));
+  return ids;
+}
+
 }  // namespace
 
 model_source::model_source(const std::filesystem::path& path, const model_flags& flags) : path_(path) {
@@ -152,6 +174,10 @@ model_source::model_source(const std::filesystem::path& path, const model_flags&
     const auto config = io::read_json_file(path / "config.json", "read_diffllama");
     if (const auto bos = config.find("bos_token_id"); bos != config.end() && bos->is_number_integer())
       bos_token_id_ = bos->get<std::int64_t>();
+    // generation_config.json is what transformers' generate reads; config.json where it says nothing.
+    auto eos = eos_ids_in(path / "generation_config.json");
+    if (!eos) eos = eos_ids_in(path / "config.json");
+    eos_token_ids_ = eos.value_or(std::vector<token_t>{});
     require_flags_agree(flags, spec_, path.string());
   } else {
     file_.emplace(path);

@@ -42,6 +42,9 @@ class model_source {
   std::filesystem::path folder() const { return checkpoint_ ? path_ : path_.parent_path(); }
   // config.json's bos_token_id, where a DiffLlama folder has one.
   std::optional<std::int64_t> bos_token_id() const noexcept { return bos_token_id_; }
+  // The end-of-sequence ids of a DiffLlama folder (generation_config.json's
+  // eos_token_id, else config.json's: one id or a list); empty where it has none.
+  const std::vector<token_t>& eos_token_ids() const noexcept { return eos_token_ids_; }
 
   void load_into(language_model_runner& model) const;
 
@@ -50,6 +53,7 @@ class model_source {
   std::optional<io::diffllama_checkpoint> checkpoint_;
   std::optional<io::mapped_safetensors> file_;
   std::optional<std::int64_t> bos_token_id_;
+  std::vector<token_t> eos_token_ids_;
   language_model_spec spec_;
 };
 

@@ -20,6 +20,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -29,16 +30,58 @@
 
 namespace difftx::io {
 
-// A JSON file parsed whole; input_error(where, path, ...) when it cannot be
-// read or is not JSON (a value given twice is kept once, as JSON parsers do).
-inline nlohmann::json read_json_file(const std::filesystem::path& path, std::string_view where) {
-  const auto bytes = read_file_bytes(path, where);
-  const auto* text = reinterpret_cast<const char*>(bytes.data());
+// Limits on a checkpoint's JSON files (config.json, the shard index,
+// generation_config.json): far above any real one, and low enough that a
+// hostile file cannot exhaust memory, or the stack of code that walks the tree.
+inline constexpr std::size_t max_json_bytes = std::size_t{64} << 20;
+inline constexpr int max_json_depth = 64;
+
+// JSON text parsed whole; input_error(where, label, ...) when it is not JSON or
+// nests deeper than max_json_depth (a value given twice is kept once, as JSON parsers do).
+inline nlohmann::json parse_json_text(std::string_view text, std::string_view where, const std::string& label) {
+  const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, const nlohmann::json&) {
+    require(depth <= max_json_depth, where, label, "JSON nested at most " + std::to_string(max_json_depth) + " deep",
+            "a value nested deeper");
+    return true;
+  };
   try {
-    return nlohmann::json::parse(text, text + bytes.size());
+    return nlohmann::json::parse(text.begin(), text.end(), limit_depth);
   } catch (const nlohmann::json::exception& e) {
-    throw input_error(std::string(where), path.string(), "valid JSON", e.what());
+    throw input_error(std::string(where), label, "valid JSON", e.what());
   }
+}
+
+// A JSON file parsed whole, as parse_json_text; input_error when it cannot be read or passes max_json_bytes.
+inline nlohmann::json read_json_file(const std::filesystem::path& path, std::string_view where) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  require(ec || size <= max_json_bytes, where, path.string(),
+          "a JSON file of at most " + std::to_string(max_json_bytes >> 20) + " MiB", std::to_string(size) + " bytes");
+  const auto bytes = read_file_bytes(path, where);
+  return parse_json_text(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), where,
+                         path.string());
+}
+
+// model.safetensors.index.json's weight_map: (tensor, shard file name) pairs,
+// each file a plain name in the folder; input_error naming `label: weight_map...`.
+inline std::vector<std::pair<std::string, std::string>> parse_weight_map(const nlohmann::json& index,
+                                                                         std::string_view where,
+                                                                         const std::string& label) {
+  const auto* map = index.is_object() && index.contains("weight_map") ? &index["weight_map"] : nullptr;
+  require(map != nullptr && map->is_object(), where, label + ": weight_map",
+          "an object mapping each tensor to its shard file", map ? map->type_name() : "no weight_map");
+  std::vector<std::pair<std::string, std::string>> entries;
+  for (const auto& [name, file] : map->items()) {
+    const std::string key = label + ": weight_map." + name;
+    require(file.is_string(), where, key, "a shard file name", file.dump());
+    const auto& file_name = file.get_ref<const std::string&>();
+    const std::filesystem::path shard(file_name);
+    require(!file_name.empty() && shard.filename() == shard && file_name != "." && file_name != "..", where, key,
+            "a file name in the checkpoint folder", "'" + file_name + "'");
+    entries.emplace_back(name, file_name);
+  }
+  require(!entries.empty(), where, label + ": weight_map", "at least one tensor", "none");
+  return entries;
 }
 
 class checkpoint_folder {
@@ -63,19 +106,11 @@ class checkpoint_folder {
       for (const auto& [name, entry] : files_.back().tensors()) file_of_[name] = 0;
       return;
     }
-    const auto index = read_json_file(index_path, where);
     const std::string index_label = weights_file_ = index_path.string();
-    const auto* map = index.is_object() && index.contains("weight_map") ? &index["weight_map"] : nullptr;
-    require(map != nullptr && map->is_object(), where, index_label + ": weight_map",
-            "an object mapping each tensor to its shard file", map ? map->type_name() : "no weight_map");
     std::map<std::string, std::size_t> shard_of_file;
-    for (const auto& [name, file] : map->items()) {
+    for (const auto& [name, file_name] : parse_weight_map(read_json_file(index_path, where), where, index_label)) {
       const std::string key = index_label + ": weight_map." + name;
-      require(file.is_string(), where, key, "a shard file name", file.dump());
-      const auto& file_name = file.get_ref<const std::string&>();
       const fs::path shard(file_name);
-      require(!file_name.empty() && shard.filename() == shard && file_name != "." && file_name != "..", where, key,
-              "a file name in the checkpoint folder", "'" + file_name + "'");
       auto [it, added] = shard_of_file.emplace(file_name, files_.size());
       if (added) {
         require(fs::is_regular_file(folder / shard, ec), where, key, "the shard file " + (folder / shard).string(),
@@ -88,7 +123,6 @@ class checkpoint_folder {
               "no such tensor (" + std::to_string(holder.tensors().size()) + " tensors in the file)");
       file_of_[name] = it->second;
     }
-    require(!files_.empty(), where, index_label + ": weight_map", "at least one tensor", "none");
   }
 
   // The folder, as errors name it.

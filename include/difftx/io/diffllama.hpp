@@ -256,7 +256,7 @@ inline diffllama_config diffllama_config_of(const tensor_file& file, const std::
   c.kv_heads = 2 * count("layers.0.attn.kv_heads");
   c.head_dim = count("layers.0.attn.head_dim");
   c.rope_theta = number("layers.0.attn.rope_theta");
-  c.rope_factor = number("layers.0.attn.rope_factor");
+  c.rope = recorded_rope_scaling(file.metadata, "layers.0.attn.", where, label);
   c.rms_norm_eps = number("norm.eps");
   c.tie_word_embeddings = meta("tie_word_embeddings") == "true";
   c.dtype = std::string(dtype_name(file.at("embed_tokens.weight", where, label).type));
@@ -267,7 +267,9 @@ inline diffllama_config diffllama_config_of(const tensor_file& file, const std::
     same(p + "attn.kv_heads", double(c.groups()), "layer 0's: one group count for every layer");
     same(p + "attn.head_dim", double(c.head_dim), "layer 0's");
     same(p + "attn.rope_theta", c.rope_theta, "layer 0's");
-    same(p + "attn.rope_factor", c.rope_factor, "layer 0's");
+    require(recorded_rope_scaling(file.metadata, p + "attn.", where, label) == c.rope, where,
+            label + ": __metadata__." + p + "attn.rope_*", "layer 0's RoPE scaling (transformers' DiffLlama has one)",
+            "another");
     same(p + "attn.layer_index", double(i), "transformers sets lambda_init from the layer's position");
     require(meta(p + "attn.causal") == "true", where, label + ": __metadata__." + p + "attn.causal",
             "true (a causal language model)", meta(p + "attn.causal"));

@@ -8,8 +8,8 @@
 //
 // Every key difftx cannot honour is refused with input_error("read_diffllama",
 // "<config.json>: <key>", ...) naming it: another model_type, a hidden_act
-// other than silu, attention_bias, a RoPE type other than default or linear,
-// partial rotary embeddings, an odd or non-dividing head count.
+// other than silu, attention_bias, a RoPE type other than default, linear or
+// llama3, partial rotary embeddings, an odd or non-dividing head count.
 #pragma once
 
 #include <cmath>
@@ -36,7 +36,7 @@ struct diffllama_config {
   index_t head_dim = 0;           // D, of each query/key/value head
   double rms_norm_eps = 1e-5;     // every RMSNorm: both of each layer, the per-head one, the final one
   double rope_theta = 10000.0;
-  double rope_factor = 1.0;       // rope type "linear": positions divided by it; "default": 1
+  rope_scaling rope = {};         // rope_type default, linear or llama3 and its parameters
   bool tie_word_embeddings = false;
   std::string dtype;              // as config.json says ("bfloat16", ...), "" when it does not
 
@@ -51,15 +51,25 @@ struct diffllama_config {
   DecoderLayerConfig layer(index_t i) const {
     return {.attention = {.d_model = hidden_size, .heads = heads(), .kv_heads = groups(), .layer_index = i,
                           .rope_theta = rope_theta, .causal = true, .head_dim = head_dim,
-                          .rope_factor = rope_factor, .subln_eps = rms_norm_eps},
+                          .subln_eps = rms_norm_eps, .rope_scaling = rope},
             .ffn_dim = intermediate_size,
             .eps = rms_norm_eps};
   }
 
   // config.json for transformers (and the keys 4.x reads).
   nlohmann::json to_json() const {
-    nlohmann::json rope{{"rope_type", rope_factor == 1.0 ? "default" : "linear"}, {"rope_theta", rope_theta}};
-    if (rope_factor != 1.0) rope["factor"] = rope_factor;
+    // 5.x's rope_parameters and 4.x's rope_scaling (its "type" spelling for linear, as 4.x wrote it)
+    nlohmann::json scaling{{"rope_type", rope_type_name(rope.type)}};
+    if (rope.type != rope_type::standard) scaling["factor"] = rope.factor;
+    if (rope.type == rope_type::llama3) {
+      scaling["low_freq_factor"] = rope.low_freq_factor;
+      scaling["high_freq_factor"] = rope.high_freq_factor;
+      scaling["original_max_position_embeddings"] = json_number(rope.original_max_positions);
+    }
+    auto parameters = scaling;
+    parameters["rope_theta"] = rope_theta;
+    auto legacy_scaling = scaling;
+    if (rope.type == rope_type::linear) legacy_scaling = {{"type", "linear"}, {"factor", rope.factor}};
     nlohmann::json j{{"architectures", {"DiffLlamaForCausalLM"}},
                      {"model_type", "diffllama"},
                      {"vocab_size", vocab_size},
@@ -71,15 +81,21 @@ struct diffllama_config {
                      {"head_dim", head_dim},
                      {"hidden_act", "silu"},
                      {"rms_norm_eps", rms_norm_eps},
-                     {"rope_parameters", rope},
+                     {"rope_parameters", parameters},
                      {"rope_theta", rope_theta},
-                     {"rope_scaling", rope_factor == 1.0 ? nlohmann::json(nullptr)
-                                                         : nlohmann::json{{"type", "linear"}, {"factor", rope_factor}}},
+                     {"rope_scaling", rope.type == rope_type::standard ? nlohmann::json(nullptr) : legacy_scaling},
                      {"tie_word_embeddings", tie_word_embeddings},
                      {"attention_bias", false},
                      {"attention_dropout", 0.0}};
     if (!dtype.empty()) j["dtype"] = j["torch_dtype"] = dtype;
     return j;
+  }
+
+ private:
+  // A whole number as a JSON integer (transformers checks that
+  // original_max_position_embeddings is an int), anything else as a double.
+  static nlohmann::json json_number(double v) {
+    return v == std::floor(v) && std::abs(v) < 9e15 ? nlohmann::json(static_cast<long long>(v)) : nlohmann::json(v);
   }
 };
 
@@ -136,8 +152,10 @@ class config_reader {
   std::string label_;
 };
 
-// rope_theta and rope_factor from rope_parameters (5.x) or the top-level
-// rope_theta and rope_scaling (4.x).
+// rope_theta and the scaling from rope_parameters (5.x) or the top-level
+// rope_theta and rope_scaling (4.x). yarn, longrope and dynamic are refused:
+// their frequencies (and yarn's attention factor, dynamic's dependence on the
+// sequence length) are not implemented.
 inline void read_rope(const config_reader& r, diffllama_config& c) {
   const bool current = !r.at("rope_parameters").is_null();
   const std::string where = current ? "rope_parameters" : "rope_scaling";
@@ -148,11 +166,24 @@ inline void read_rope(const config_reader& r, diffllama_config& c) {
   if (rope.is_null()) return;
   const std::string type_key = rope.contains("rope_type") ? "rope_type" : "type";
   const auto type = r.text(r.at(rope, type_key), where + "." + type_key, "default");
+  const auto required = [&](const char* key, const char* what) {
+    if (r.at(rope, key).is_null()) r.fail(where + "." + key, what, "none");
+    return r.positive(rope[key], where + "." + key, 1.0);
+  };
   if (type == "linear") {
-    if (r.at(rope, "factor").is_null()) r.fail(where + ".factor", "the linear scaling factor", "none");
-    c.rope_factor = r.positive(rope["factor"], where + ".factor", 1.0);
+    c.rope = {.type = rope_type::linear, .factor = required("factor", "the linear scaling factor")};
+  } else if (type == "llama3") {
+    c.rope = {.type = rope_type::llama3,
+              .factor = required("factor", "llama3's scaling factor"),
+              .low_freq_factor = required("low_freq_factor", "llama3's low_freq_factor"),
+              .high_freq_factor = required("high_freq_factor", "llama3's high_freq_factor"),
+              .original_max_positions =
+                  required("original_max_position_embeddings", "llama3's original context length")};
+    if (!(c.rope.high_freq_factor > c.rope.low_freq_factor))
+      r.fail(where + ".high_freq_factor", "more than low_freq_factor (" + std::to_string(c.rope.low_freq_factor) + ")",
+             std::to_string(c.rope.high_freq_factor));
   } else if (type != "default") {
-    r.fail(where + "." + type_key, "default or linear (the RoPE types difftx implements)", "'" + type + "'");
+    r.fail(where + "." + type_key, "default, linear or llama3 (the RoPE types difftx implements)", "'" + type + "'");
   }
   const double partial = r.positive(r.at(rope, "partial_rotary_factor"), where + ".partial_rotary_factor", 1.0);
   if (partial != 1.0)

@@ -17,7 +17,9 @@
 #include <string>
 #include <system_error>
 
+#include "difftx/core/checks.hpp"
 #include "difftx/core/sizes.hpp"
+#include "difftx/ops/rope.hpp"
 
 namespace difftx {
 
@@ -50,6 +52,54 @@ inline bool same_architecture_value(const std::string& module_text, const std::s
     return error == std::errc() && end == s.data() + s.size();
   };
   return parsed(module_text, a) && parsed(file_text, b) && a == b;
+}
+
+// RoPE's keys: rope_theta, rope_type, rope_factor and llama3's three more.
+inline void describe_rope(architecture& a, const std::string& prefix, double theta, const rope_scaling& s) {
+  a[prefix + "rope_theta"] = architecture_value(theta);
+  a[prefix + "rope_type"] = rope_type_name(s.type);
+  a[prefix + "rope_factor"] = architecture_value(s.factor);
+  if (s.type != rope_type::llama3) return;
+  a[prefix + "rope_low_freq_factor"] = architecture_value(s.low_freq_factor);
+  a[prefix + "rope_high_freq_factor"] = architecture_value(s.high_freq_factor);
+  a[prefix + "rope_original_max_positions"] = architecture_value(s.original_max_positions);
+}
+
+// The scaling that describe_rope recorded under prefix in a file's metadata.
+// Files written before rope_type was recorded hold rope_factor alone (linear
+// where it is not 1) or nothing (the default). input_error(where, label:
+// __metadata__.<key>) for a value that is not a number or a known type.
+inline rope_scaling recorded_rope_scaling(const architecture& meta, const std::string& prefix, std::string_view where,
+                                          const std::string& label) {
+  const auto key = [&](const char* name) { return prefix + name; };
+  const auto number = [&](const char* name, double otherwise) {
+    const auto it = meta.find(key(name));
+    if (it == meta.end()) return otherwise;
+    double v = 0;
+    const auto& t = it->second;
+    const auto [end, error] = std::from_chars(t.data(), t.data() + t.size(), v);
+    require(error == std::errc() && end == t.data() + t.size(), where, label + ": __metadata__." + key(name),
+            "a number", "'" + t + "'");
+    return v;
+  };
+  rope_scaling s{.factor = number("rope_factor", 1.0)};
+  const auto type = meta.find(key("rope_type"));
+  if (type == meta.end()) {
+    s.type = s.factor == 1.0 ? rope_type::standard : rope_type::linear;
+    return s;
+  }
+  if (type->second == "llama3") {
+    s.type = rope_type::llama3;
+    s.low_freq_factor = number("rope_low_freq_factor", s.low_freq_factor);
+    s.high_freq_factor = number("rope_high_freq_factor", s.high_freq_factor);
+    s.original_max_positions = number("rope_original_max_positions", s.original_max_positions);
+  } else if (type->second == "linear" || type->second == "default") {
+    s.type = type->second == "linear" ? rope_type::linear : rope_type::standard;
+  } else {
+    require(false, where, label + ": __metadata__." + key("rope_type"), "default, linear or llama3",
+            "'" + type->second + "'");
+  }
+  return s;
 }
 
 template <class Module>

@@ -28,6 +28,7 @@ struct AttentionConfig {
   index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
   int logit_bits = logits_unquantized;  // 4..8: attention logits quantized (inference, docs/semantics.md)
   inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys (inference)
+  difftx::rope_scaling rope_scaling = {};  // linear or llama3 frequencies (transformers' rope_type)
 };
 
 // modules/architecture.hpp: what an Attention's weight shapes do not say (c with its head_dim resolved).
@@ -35,7 +36,7 @@ inline void describe_architecture(architecture& a, const std::string& prefix, co
   a[prefix + "heads"] = architecture_value(c.heads);
   a[prefix + "kv_heads"] = architecture_value(c.kv_heads == 0 ? c.heads : c.kv_heads);
   a[prefix + "head_dim"] = architecture_value(c.head_dim);
-  a[prefix + "rope_theta"] = architecture_value(c.rope_theta);
+  describe_rope(a, prefix, c.rope_theta, c.rope_scaling);
   a[prefix + "causal"] = architecture_value(c.causal);
 }
 
@@ -60,7 +61,7 @@ class Attention {
       : policy_(std::move(policy)),
         config_(checked(config)),
         heads_({config_.d_model, config_.heads, config_.kv_heads, config_.head_dim, config_.rope_theta, config_.causal,
-                config_.logit_bits, config_.qk_dtype},
+                config_.logit_bits, config_.qk_dtype, config_.rope_scaling},
                policy_),
         out_proj_(config_.heads * config_.head_dim, config_.d_model, policy_) {
     random_stream rng(0);
@@ -159,7 +160,7 @@ class Attention {
     c.head_dim = detail::checked_head_dim<HeadDim>("Attention", c.head_dim);
     detail::checked_logit_bits<Policy, accum_t<T>>("Attention", c.logit_bits);
     detail::checked_qk_dtype<Policy, accum_t<T>>("Attention", c.qk_dtype);
-    require(c.rope_theta > 0, "Attention", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
+    detail::check_rope_parameters("Attention", "config.rope_theta", c.rope_theta, "config.rope_scaling", c.rope_scaling);
     return c;
   }
 

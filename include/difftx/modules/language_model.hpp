@@ -126,6 +126,28 @@ class LanguageModel {
     infer("LanguageModel::prefill", tokens, logits, sequences,
           [&](cview<T, 3> x, TensorView<T, 3> hidden) { layers_.prefill(x, cache, hidden, sequences); });
   }
+  // The same, with the logits of each prompt's last token only: last [B, V],
+  // or [S, V] for a packed batch of S sequences. Generation reads no other
+  // row, and the head (V·C per row) is the largest product of a large vocabulary.
+  void prefill(cview<token_t, 2> tokens, cache_type& cache, TensorView<T, 2> last,
+               sequence_offsets sequences = {}) const {
+    constexpr std::string_view where = "LanguageModel::prefill";
+    check_tokens(where, tokens, sequences);
+    const index_t rows = sequences.empty() ? tokens.extent(0) : static_cast<index_t>(sequences.size()) - 1;
+    require_shape(where, "last", last, shape_t<2>{rows, config_.vocab_size});
+    const auto normed = final_states(tokens, [&](cview<T, 3> x, TensorView<T, 3> hidden) {
+      layers_.prefill(x, cache, hidden, sequences);
+    });
+    // Row r of picked: the last token of sequence r.
+    const index_t C = config_.d_model, N = tokens.extent(1);
+    auto& memory = layers_.policy().memory();
+    Tensor<T, 3> picked({1, rows, C}, memory);
+    for (index_t r = 0; r < rows; ++r) {
+      const index_t row = sequences.empty() ? r * N + N - 1 : sequences[static_cast<std::size_t>(r) + 1] - 1;
+      memory.copy(picked.data() + r * C, normed.data() + row * C, static_cast<std::size_t>(C) * sizeof(T));
+    }
+    head_forward(picked.const_view(), last.template reshape<3>({1, rows, config_.vocab_size}));
+  }
   // New tokens [B, T] -> logits [B, T, V]; they join the caches.
   void decode(cview<token_t, 2> tokens, cache_type& cache, TensorView<T, 3> logits) const {
     infer("LanguageModel::decode", tokens, logits, {},
@@ -196,13 +218,21 @@ class LanguageModel {
   }
 
  private:
+  void check_tokens(std::string_view where, cview<token_t, 2> tokens, sequence_offsets sequences) const {
+    require_nonempty(where, "tokens", tokens);
+    if (!sequences.empty()) detail::check_sequence_offsets(where, "tokens", tokens, sequences);
+  }
   // embedding -> layers(x, hidden) -> norm -> head, with this call's scratch only.
   template <class Layers>
   void infer(std::string_view where, cview<token_t, 2> tokens, TensorView<T, 3> logits, sequence_offsets sequences,
              Layers&& layers) const {
-    require_nonempty(where, "tokens", tokens);
+    check_tokens(where, tokens, sequences);
     require_shape(where, "logits", logits, output_shape(tokens.shape()));
-    if (!sequences.empty()) detail::check_sequence_offsets(where, "tokens", tokens, sequences);
+    head_forward(final_states(tokens, layers).const_view(), logits);
+  }
+  // embedding -> layers(x, hidden) -> norm: the head's input [B, N, C].
+  template <class Layers>
+  Tensor<T, 3> final_states(cview<token_t, 2> tokens, Layers&& layers) const {
     const shape_t<3> shape = embed_.output_shape(tokens.shape());
     auto& memory = layers_.policy().memory();
     Tensor<T, 3> x(shape, memory), hidden(shape, memory);
@@ -213,7 +243,7 @@ class LanguageModel {
     layers(x.const_view(), hidden.view());
     typename RMSNorm<T, Policy>::saved_type norm_state;
     norm_.forward(hidden.view(), x.view(), norm_state);
-    head_forward(x.view(), logits);
+    return x;
   }
 
   // normed [B, N, C] -> logits [B, N, V], through lm_head or the embedding table.

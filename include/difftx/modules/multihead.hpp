@@ -29,10 +29,10 @@ struct MultiHeadConfig {
   double rope_theta = 10000.0;
   bool causal = true;
   index_t head_dim = 0;      // D; 0 means the compiled D (needed where D is difftx::dynamic)
-  double rope_factor = 1.0;  // linear RoPE scaling: positions divided by it (transformers' rope_type "linear")
   double subln_eps = 1e-5;   // of the per-head RMSNorm (DiffLlama checkpoints: their rms_norm_eps)
   int logit_bits = logits_unquantized;  // 4..8: attention logits quantized (inference, docs/semantics.md)
   inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys (inference)
+  difftx::rope_scaling rope_scaling = {};  // linear or llama3 frequencies (transformers' rope_type)
 };
 
 // modules/architecture.hpp: what a MultiHead's weight shapes do not say (c with its head_dim resolved).
@@ -41,8 +41,7 @@ inline void describe_architecture(architecture& a, const std::string& prefix, co
   a[prefix + "kv_heads"] = architecture_value(c.kv_heads == 0 ? c.heads : c.kv_heads);
   a[prefix + "head_dim"] = architecture_value(c.head_dim);
   a[prefix + "layer_index"] = architecture_value(c.layer_index);
-  a[prefix + "rope_theta"] = architecture_value(c.rope_theta);
-  a[prefix + "rope_factor"] = architecture_value(c.rope_factor);
+  describe_rope(a, prefix, c.rope_theta, c.rope_scaling);
   a[prefix + "causal"] = architecture_value(c.causal);
   a[prefix + "subln.eps"] = architecture_value(c.subln_eps);
 }
@@ -110,8 +109,8 @@ class MultiHead {
     check_input(where, x, y, sequences);
     project(x, s);
     detail::for_each_sequence(sequences, [&](const auto& seq) {
-      rope_forward(policy_, seq.rows(detail::rope_vectors(s.q)), 0, config_.rope_theta, config_.rope_factor);
-      rope_forward(policy_, seq.rows(detail::rope_vectors(s.k)), 0, config_.rope_theta, config_.rope_factor);
+      rope_forward(policy_, seq.rows(detail::rope_vectors(s.q)), 0, config_.rope_theta, config_.rope_scaling);
+      rope_forward(policy_, seq.rows(detail::rope_vectors(s.k)), 0, config_.rope_theta, config_.rope_scaling);
     });
     attn_.forward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), s.attn, sequences);
     output(s, y);
@@ -141,8 +140,8 @@ class MultiHead {
     attn_.backward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), d_o.view(), s.attn, dq.view(), dk.view(),
                    dv.view());
     detail::for_each_sequence(s.attn.sequences, [&](const auto& seq) {
-      rope_backward(policy_, seq.rows(detail::rope_vectors(dq)), 0, config_.rope_theta, config_.rope_factor);
-      rope_backward(policy_, seq.rows(detail::rope_vectors(dk)), 0, config_.rope_theta, config_.rope_factor);
+      rope_backward(policy_, seq.rows(detail::rope_vectors(dq)), 0, config_.rope_theta, config_.rope_scaling);
+      rope_backward(policy_, seq.rows(detail::rope_vectors(dk)), 0, config_.rope_theta, config_.rope_scaling);
     });
     q_proj_.backward(x, dq.view().template reshape<3>({B, N, 2 * h * D}), s.q_proj, dx);
     k_proj_.backward(x, dk.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj, dx, write_mode::add);
@@ -192,9 +191,9 @@ class MultiHead {
     saved_type s;
     project(x, s);
     detail::rope_from_positions(policy_, detail::rope_vectors(s.q), cache.lengths(), config_.rope_theta,
-                                config_.rope_factor);
+                                config_.rope_scaling);
     detail::rope_from_positions(policy_, detail::rope_vectors(s.k), cache.lengths(), config_.rope_theta,
-                                config_.rope_factor);
+                                config_.rope_scaling);
     cache.append(s.k.view(), s.v.view());
     attn_.decode(s.q.view(), cache, s.o.view());
     output(s, y);
@@ -229,9 +228,7 @@ class MultiHead {
     c.kv_heads = detail::checked_kv_heads("MultiHead", c.heads, c.kv_heads);
     c.head_dim = detail::checked_head_dim<HeadDim>("MultiHead", c.head_dim);
     require(c.layer_index >= 0, "MultiHead", "config.layer_index", "a layer index >= 0", std::to_string(c.layer_index));
-    require(c.rope_theta > 0, "MultiHead", "config.rope_theta", "theta > 0", std::to_string(c.rope_theta));
-    require(c.rope_factor > 0 && std::isfinite(c.rope_factor), "MultiHead", "config.rope_factor",
-            "a finite linear RoPE scaling factor > 0", std::to_string(c.rope_factor));
+    detail::check_rope_parameters("MultiHead", "config.rope_theta", c.rope_theta, "config.rope_scaling", c.rope_scaling);
     require(c.subln_eps > 0 && std::isfinite(c.subln_eps), "MultiHead", "config.subln_eps", "a finite eps > 0",
             std::to_string(c.subln_eps));
     detail::checked_logit_bits<Policy, accum_t<T>>("MultiHead", c.logit_bits);

@@ -83,10 +83,10 @@ TensorView<T, 4> rope_vectors(Tensor<T, 5>& t) {
 // start at position starts[b] (its cache length before them).
 template <class Policy, class T>
 void rope_from_positions(const Policy& policy, TensorView<T, 4> x, std::span<const index_t> starts, double theta,
-                         double factor = 1.0) {
+                         const rope_scaling& scaling) {
   for (index_t b = 0; b < x.extent(0); ++b)
     rope_forward(policy, x[b].template reshape<4>({1, x.extent(1), x.extent(2), x.extent(3)}),
-                 starts[static_cast<std::size_t>(b)], theta, factor);
+                 starts[static_cast<std::size_t>(b)], theta, scaling);
 }
 
 }  // namespace detail

@@ -30,6 +30,7 @@ struct SoftmaxHeadsConfig {
   bool causal = true;
   int logit_bits = logits_unquantized;  // checked by the owner (detail::checked_logit_bits)
   inference_dtype qk_dtype = inference_dtype::same;  // likewise (detail::checked_qk_dtype)
+  rope_scaling rope = {};
 };
 
 template <Scalar T, class Policy>
@@ -70,8 +71,8 @@ class SoftmaxHeads {
     project(x, s);
     s.lse.resize({B, config_.heads, 1, N}, policy_.memory());
     for_each_sequence(sequences, [&](const auto& seq) {
-      rope_forward(policy_, seq.rows(rope_vectors(s.q)), 0, config_.rope_theta);
-      rope_forward(policy_, seq.rows(rope_vectors(s.k)), 0, config_.rope_theta);
+      rope_forward(policy_, seq.rows(rope_vectors(s.q)), 0, config_.rope_theta, config_.rope);
+      rope_forward(policy_, seq.rows(rope_vectors(s.k)), 0, config_.rope_theta, config_.rope);
     });
     // A packed batch in one call where the policy has such a path, else a call per sequence.
     if (!attention_forward_packed<1>(policy_, s.q.const_view(), s.k.const_view(), s.v.const_view(),
@@ -110,8 +111,8 @@ class SoftmaxHeads {
                               TensorView<accum_t<T>, 1>{});
       });
     for_each_sequence(s.sequences, [&](const auto& seq) {
-      rope_backward(policy_, seq.rows(rope_vectors(dq)), 0, config_.rope_theta);
-      rope_backward(policy_, seq.rows(rope_vectors(dk)), 0, config_.rope_theta);
+      rope_backward(policy_, seq.rows(rope_vectors(dq)), 0, config_.rope_theta, config_.rope);
+      rope_backward(policy_, seq.rows(rope_vectors(dk)), 0, config_.rope_theta, config_.rope);
     });
     q_proj_.backward(x, dq.view().template reshape<3>({B, N, H * D}), s.q_proj, dx);
     k_proj_.backward(x, dk.view().template reshape<3>({B, N, G * D}), s.k_proj, dx, write_mode::add);
@@ -146,8 +147,8 @@ class SoftmaxHeads {
     cache.require_decodable(where, x.extent(1));
     require(config_.causal, where, "config.causal", "a causal module (decoding appends to the past)", "non-causal");
     project(x, s);
-    rope_from_positions(policy_, rope_vectors(s.q), cache.lengths(), config_.rope_theta);
-    rope_from_positions(policy_, rope_vectors(s.k), cache.lengths(), config_.rope_theta);
+    rope_from_positions(policy_, rope_vectors(s.q), cache.lengths(), config_.rope_theta, config_.rope);
+    rope_from_positions(policy_, rope_vectors(s.k), cache.lengths(), config_.rope_theta, config_.rope);
     cache.append(s.k.view(), s.v.view());
     if constexpr (low_bit_policy<Policy>) {
       if (cache.storage() == inference_dtype::int8)

@@ -101,6 +101,14 @@ struct attention_split {
   }
 };
 
+// RoPE's numbers in a config's fingerprint: every rank must rotate alike.
+template <class Config>
+void append_rope_fingerprint(std::vector<double>& f, const Config& c) {
+  const auto& s = c.rope_scaling;
+  f.insert(f.end(), {c.rope_theta, double(static_cast<int>(s.type)), s.factor, s.low_freq_factor, s.high_freq_factor,
+                     s.original_max_positions});
+}
+
 }  // namespace detail
 
 template <Scalar T, index_t D, class Policy>
@@ -110,8 +118,10 @@ struct tensor_parallel_traits<MultiHead<T, D, Policy>> : detail::attention_split
   static auto part(const typename base::arguments& a, int ranks) { return base::part(name, a, ranks); }
   static std::vector<double> fingerprint(const typename base::arguments& a) {
     const auto& c = a.config;
-    return {double(c.d_model), double(c.heads),   double(c.kv_heads), double(c.layer_index), c.rope_theta,
-            c.rope_factor,     double(c.causal), double(c.head_dim), c.subln_eps};
+    auto f = std::vector<double>{double(c.d_model), double(c.heads), double(c.kv_heads), double(c.layer_index),
+                                 double(c.causal), double(c.head_dim), c.subln_eps};
+    detail::append_rope_fingerprint(f, c);
+    return f;
   }
   static parameter_shard::split split_of(std::string_view name) { return detail::projection_split(name, "out_proj.weight"); }
 };
@@ -124,8 +134,10 @@ struct tensor_parallel_traits<MultiHeadV2<T, D, Policy>>
   static auto part(const typename base::arguments& a, int ranks) { return base::part(name, a, ranks); }
   static std::vector<double> fingerprint(const typename base::arguments& a) {
     const auto& c = a.config;
-    return {double(c.d_model), double(c.heads), double(c.kv_heads), c.rope_theta, double(c.causal), double(c.head_dim),
-            double(c.differential)};
+    auto f = std::vector<double>{double(c.d_model), double(c.heads),    double(c.kv_heads),
+                                 double(c.causal),  double(c.head_dim), double(c.differential)};
+    detail::append_rope_fingerprint(f, c);
+    return f;
   }
   static parameter_shard::split split_of(std::string_view name) { return detail::projection_split(name, "o_proj.weight"); }
 };

@@ -37,7 +37,7 @@ std::string logit_bits_csv(const Models& models) {
     csv += std::to_string(logit_bit_levels[i]);
     for (const auto* m : models) {
       const auto& a = m->eval.by_logit_bits.at(i);
-      csv += "," + std::to_string(bits_ratio(a)) + "," + std::to_string(bits_error(a));
+      for (const double value : {bits_ratio(a), bits_error(a)}) (csv += ',') += std::to_string(value);
     }
     csv += "\n";
   }

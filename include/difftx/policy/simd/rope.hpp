@@ -20,7 +20,8 @@ struct swap_pairs_mask {
 };
 
 template <class T>
-void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, double theta, double factor, double sign) {
+void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, double theta, const rope_scaling& scaling,
+                 double sign) {
   using A = accum_t<T>;
   using V = vec<A>;
   using index_batch = xsimd::batch<xsimd::as_unsigned_integer_t<A>>;
@@ -28,8 +29,7 @@ void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, doub
   const index_t B = x.extent(0), N = x.extent(1), H = x.extent(2), d = x.extent(3);
   std::vector<double> inverse_frequency(static_cast<std::size_t>(d / 2));
   for (index_t i = 0; i < d / 2; ++i)
-    inverse_frequency[static_cast<std::size_t>(i)] =
-        std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d)) / factor;
+    inverse_frequency[static_cast<std::size_t>(i)] = rope_inverse_frequency(theta, scaling, i, d);
 #pragma omp parallel num_threads(thread_count(p, x.size()))
   {
     std::vector<A> cosines(static_cast<std::size_t>(d)), sines(static_cast<std::size_t>(d)), scratch(static_cast<std::size_t>(d));
@@ -63,7 +63,7 @@ void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, doub
           for (; c + W <= d; c += W) {
             const V xv = V::load_unaligned(v + c);
             const V swapped = xsimd::swizzle(xv, xsimd::make_batch_constant<index_batch, swap_pairs_mask>());
-            xsimd::fma(xv, V::load_unaligned(cosines.data() + c), swapped * V::load_unaligned(sines.data() + c))
+            simd_detail::multiply_add(xv, V::load_unaligned(cosines.data() + c), swapped * V::load_unaligned(sines.data() + c))
                 .store_unaligned(v + c);
           }
           for (; c < d; c += 2) {
@@ -82,17 +82,19 @@ void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, doub
 // x[B, N, V, d] rotated in place by the angle of each position.
 template <class T>
   requires supported_by<policy::simd, T>
-void rope_forward(const policy::simd& p, TensorView<T, 4> x, index_t offset, double theta, double factor = 1.0) {
-  detail::check_rope("rope_forward", memory_space::host, x, "x", offset, theta, factor);
-  simd_detail::rope_rotate(p, x, offset, theta, factor, +1.0);
+void rope_forward(const policy::simd& p, TensorView<T, 4> x, index_t offset, double theta,
+                  const rope_scaling& scaling = {}) {
+  detail::check_rope("rope_forward", memory_space::host, x, "x", offset, theta, scaling);
+  simd_detail::rope_rotate(p, x, offset, theta, scaling, +1.0);
 }
 
 // dx[B, N, V, d] (given as dy, in place) = rotation by the negated angle.
 template <class T>
   requires supported_by<policy::simd, T>
-void rope_backward(const policy::simd& p, TensorView<T, 4> dx, index_t offset, double theta, double factor = 1.0) {
-  detail::check_rope("rope_backward", memory_space::host, dx, "dx", offset, theta, factor);
-  simd_detail::rope_rotate(p, dx, offset, theta, factor, -1.0);
+void rope_backward(const policy::simd& p, TensorView<T, 4> dx, index_t offset, double theta,
+                  const rope_scaling& scaling = {}) {
+  detail::check_rope("rope_backward", memory_space::host, dx, "dx", offset, theta, scaling);
+  simd_detail::rope_rotate(p, dx, offset, theta, scaling, -1.0);
 }
 
 }  // namespace difftx
