@@ -1,0 +1,73 @@
+// tokenizer.json's "normalizer", as SentencePiece-style files use it: Prepend,
+// Replace and a Sequence of them (older Llama-2 files: Sequence[Prepend("▁"),
+// Replace(" ", "▁")]). Unicode normalizations (NFC, NFKC, ...), Lowercase,
+// Strip and the rest are refused: they would change what the model sees.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "difftx/tokenizer/json_section.hpp"
+#include "difftx/tokenizer/regex.hpp"
+
+namespace difftx::tokenizer {
+
+class normalizer {
+ public:
+  virtual ~normalizer() = default;
+  // text normalized; empty text stays empty.
+  virtual std::string normalize(std::string text) const = 0;
+};
+
+namespace detail {
+
+class prepend_normalizer final : public normalizer {
+ public:
+  explicit prepend_normalizer(const json_section& s) : prefix_(s.at("prepend").string()) {}
+  std::string normalize(std::string text) const override { return text.empty() ? text : prefix_ + text; }
+
+ private:
+  std::string prefix_;
+};
+
+class replace_normalizer final : public normalizer {
+ public:
+  explicit replace_normalizer(const json_section& s)
+      : pattern_(pattern_of(s.at("pattern"))), content_(s.at("content").string()) {}
+  std::string normalize(std::string text) const override { return replace_all(*pattern_, text, content_); }
+
+ private:
+  std::unique_ptr<regex> pattern_;
+  std::string content_;
+};
+
+class normalizer_sequence final : public normalizer {
+ public:
+  explicit normalizer_sequence(std::vector<std::unique_ptr<normalizer>> steps) : steps_(std::move(steps)) {}
+  std::string normalize(std::string text) const override {
+    for (const auto& step : steps_) text = step->normalize(std::move(text));
+    return text;
+  }
+
+ private:
+  std::vector<std::unique_ptr<normalizer>> steps_;
+};
+
+}  // namespace detail
+
+// The normalizer section s describes (an object with "type").
+inline std::unique_ptr<normalizer> make_normalizer(const detail::json_section& s) {
+  const auto& type = s.type();
+  if (type == "Prepend") return std::make_unique<detail::prepend_normalizer>(s);
+  if (type == "Replace") return std::make_unique<detail::replace_normalizer>(s);
+  if (type == "Sequence") {
+    const auto list = s.at("normalizers");
+    std::vector<std::unique_ptr<normalizer>> steps;
+    for (std::size_t i = 0; i < list.size(); ++i) steps.push_back(make_normalizer(list[i].require_object()));
+    return std::make_unique<detail::normalizer_sequence>(std::move(steps));
+  }
+  s.unsupported("Prepend, Replace or Sequence (difftx does not apply Unicode normalization, Lowercase, Strip or others)");
+}
+
+}  // namespace difftx::tokenizer
