@@ -149,9 +149,6 @@ model_source::model_source(const std::filesystem::path& path, const model_flags&
     const auto& c = checkpoint_->config();
     spec_.model = c.language_model();
     for (index_t i = 0; i < c.layers; ++i) spec_.layers.push_back(c.layer(i));
-    const auto config = io::read_json_file(path / "config.json", "read_diffllama");
-    if (const auto bos = config.find("bos_token_id"); bos != config.end() && bos->is_number_integer())
-      bos_token_id_ = bos->get<std::int64_t>();
     require_flags_agree(flags, spec_, path.string());
   } else {
     file_.emplace(path);
