@@ -44,7 +44,7 @@ class added_vocabulary {
 
   // list: the "added_tokens" array, or nullopt when the file has none. A token
   // given before, or one the model knows, keeps that id (tokenizers assigns it so).
-  added_vocabulary(const std::optional<detail::json_section>& list, const bpe_model& model, const normalizer* norm) {
+  added_vocabulary(const std::optional<detail::json_section>& list, const bpe_model& model, const normalizers& norm) {
     if (!list) return;
     for (std::size_t i = 0; i < list->size(); ++i) {
       const auto s = (*list)[i];
@@ -60,7 +60,7 @@ class added_vocabulary {
       t.rstrip = s.flag("rstrip", false);
       t.normalized = s.flag("normalized", true);
       t.special = s.flag("special", false);
-      t.pattern = t.normalized && norm ? norm->normalize(t.content) : t.content;
+      t.pattern = t.normalized ? normalize(norm, t.content) : t.content;
       if (t.pattern.empty()) continue;
       by_content_.insert_or_assign(t.content, t.id);
       by_id_.insert_or_assign(t.id, std::move(t));  // a later entry for the same token wins

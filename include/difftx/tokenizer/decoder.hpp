@@ -164,34 +164,24 @@ class metaspace_decoder final : public decoder {
   prepend_scheme scheme_;
 };
 
-class decoder_sequence final : public decoder {
- public:
-  explicit decoder_sequence(std::vector<std::unique_ptr<decoder>> steps) : steps_(std::move(steps)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
-    for (const auto& step : steps_) step->decode_chain(tokens);
-  }
-
- private:
-  std::vector<std::unique_ptr<decoder>> steps_;
-};
-
 }  // namespace detail
 
-inline std::unique_ptr<decoder> make_decoder(const detail::json_section& s) {
-  const auto& type = s.type();
-  if (type == "ByteLevel") return std::make_unique<detail::byte_level_decoder>();
-  if (type == "Replace") return std::make_unique<detail::replace_decoder>(s);
-  if (type == "ByteFallback") return std::make_unique<detail::byte_fallback_decoder>();
-  if (type == "Fuse") return std::make_unique<detail::fuse_decoder>();
-  if (type == "Strip") return std::make_unique<detail::strip_decoder>(s);
-  if (type == "Metaspace") return std::make_unique<detail::metaspace_decoder>(s);
-  if (type == "Sequence") {
-    const auto list = s.at("decoders");
-    std::vector<std::unique_ptr<decoder>> steps;
-    for (std::size_t i = 0; i < list.size(); ++i) steps.push_back(make_decoder(list[i].require_object()));
-    return std::make_unique<detail::decoder_sequence>(std::move(steps));
-  }
-  s.unsupported("ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace or Sequence");
+using decoders = std::vector<std::unique_ptr<decoder>>;
+
+// The decoders section s describes (a Sequence's, flattened).
+inline decoders make_decoders(const detail::json_section& s) {
+  decoders out;
+  detail::add_parts(s, "decoders", [](const detail::json_section& part) -> std::unique_ptr<decoder> {
+    const auto& type = part.type();
+    if (type == "ByteLevel") return std::make_unique<detail::byte_level_decoder>();
+    if (type == "Replace") return std::make_unique<detail::replace_decoder>(part);
+    if (type == "ByteFallback") return std::make_unique<detail::byte_fallback_decoder>();
+    if (type == "Fuse") return std::make_unique<detail::fuse_decoder>();
+    if (type == "Strip") return std::make_unique<detail::strip_decoder>(part);
+    if (type == "Metaspace") return std::make_unique<detail::metaspace_decoder>(part);
+    part.unsupported("ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace or Sequence");
+  }, out);
+  return out;
 }
 
 }  // namespace difftx::tokenizer

@@ -51,21 +51,24 @@ class hf_tokenizer final : public text_tokenizer {
     for (const auto* key : {"truncation", "padding"})
       if (const auto s = root.find(key)) s->fail("null (difftx encodes the whole text, unpadded)");
     model_ = std::make_unique<bpe_model>(root.at("model").require_object());
-    if (const auto s = root.find("normalizer")) normalizer_ = make_normalizer(s->require_object());
-    added_ = std::make_unique<added_vocabulary>(root.find("added_tokens"), *model_, normalizer_.get());
-    if (const auto s = root.find("pre_tokenizer")) pre_tokenizer_ = make_pre_tokenizer(s->require_object());
-    if (const auto s = root.find("decoder")) decoder_ = make_decoder(s->require_object());
+    if (const auto s = root.find("normalizer")) normalizers_ = make_normalizers(s->require_object());
+    added_ = std::make_unique<added_vocabulary>(root.find("added_tokens"), *model_, normalizers_);
+    if (const auto s = root.find("pre_tokenizer")) pre_tokenizers_ = make_pre_tokenizers(s->require_object());
+    if (const auto s = root.find("decoder")) {
+      decoders_ = make_decoders(s->require_object());
+      has_decoder_ = true;
+    }
     vocab_size_ = model_->size();
     for (const auto& [id, t] : added_->tokens()) vocab_size_ = std::max(vocab_size_, id + 1);
     if (const auto s = root.find("post_processor")) {
-      post_processor_ = make_post_processor(s->require_object());
+      post_processors_ = make_post_processors(s->require_object());
       std::vector<token_t> added;
-      post_processor_->added_ids(added);
+      for (const auto& p : post_processors_) p->added_ids(added);
       for (const auto id : added)
         if (!token_string(id)) s->fail("special tokens whose ids are tokens", "id " + std::to_string(id) + ", which has no token");
       // Where the template puts the text: what comes before is the prefix (BOS).
       std::vector<token_t> marked{-1};
-      post_processor_->process(marked, true);
+      post_process(marked, true);
       const auto text = std::find(marked.begin(), marked.end(), -1);
       prefix_.assign(marked.begin(), text);
       if (text != marked.end()) suffix_.assign(text + 1, marked.end());
@@ -112,19 +115,19 @@ class hf_tokenizer final : public text_tokenizer {
         continue;
       }
       std::string normalized(text.substr(raw.begin, raw.end - raw.begin));
-      if (normalizer_) normalized = normalizer_->normalize(std::move(normalized));
+      normalized = normalize(normalizers_, std::move(normalized));
       for (const auto& inner : added_->split(normalized, true)) {
         if (inner.id >= 0) {
           ids.push_back(inner.id);
           continue;
         }
         pieces words{{normalized.substr(inner.begin, inner.end - inner.begin), raw.begin == 0 && inner.begin == 0}};
-        if (pre_tokenizer_) pre_tokenizer_->pre_tokenize(words);
+        for (const auto& p : pre_tokenizers_) p->pre_tokenize(words);
         for (const auto& word : words)
           if (!word.text.empty()) model_->encode_word(word.text, ids);
       }
     }
-    if (post_processor_) post_processor_->process(ids, add_special_tokens);
+    post_process(ids, add_special_tokens);
     return ids;
   }
 
@@ -137,16 +140,19 @@ class hf_tokenizer final : public text_tokenizer {
       if (!(skip_special_tokens && is_special(ids[i]))) tokens.push_back(*s);
     }
     std::string text;
-    if (!decoder_) {  // tokenizers joins the tokens with spaces
+    if (!has_decoder_) {  // tokenizers joins the tokens with spaces
       for (std::size_t i = 0; i < tokens.size(); ++i) text.append(i > 0 ? " " : "").append(tokens[i]);
       return text;
     }
-    decoder_->decode_chain(tokens);
+    for (const auto& d : decoders_) d->decode_chain(tokens);
     for (const auto& t : tokens) text += t;
     return text;
   }
 
  private:
+  void post_process(std::vector<token_t>& ids, bool add_special_tokens) const {
+    for (const auto& p : post_processors_) p->process(ids, add_special_tokens);
+  }
   // An added token's (as matched: normalized where it is), else the model's; null for an unknown id.
   const std::string* token_string(token_t id) const noexcept {
     if (const auto* t = added_->find(id)) return &t->pattern;
@@ -155,11 +161,12 @@ class hf_tokenizer final : public text_tokenizer {
 
   std::string label_;
   std::unique_ptr<bpe_model> model_;
-  std::unique_ptr<normalizer> normalizer_;
+  normalizers normalizers_;
   std::unique_ptr<added_vocabulary> added_;
-  std::unique_ptr<pre_tokenizer> pre_tokenizer_;
-  std::unique_ptr<post_processor> post_processor_;
-  std::unique_ptr<decoder> decoder_;
+  pre_tokenizers pre_tokenizers_;
+  post_processors post_processors_;
+  decoders decoders_;
+  bool has_decoder_ = false;  // a decoder, even an empty Sequence: tokens are joined without spaces
   std::vector<token_t> prefix_, suffix_;
   token_t vocab_size_ = 0;
 };

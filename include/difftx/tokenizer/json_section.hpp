@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -187,6 +188,19 @@ class json_section {
   const nlohmann::json* value_;
   std::string file_, path_;
 };
+
+// The parts section s describes, in order: make(s) for one; for a "Sequence",
+// the parts of each entry of its list (under list_key), flattened, since a
+// sequence of steps applies them one after the other, nested or not.
+template <class Part, class Make>
+void add_parts(const json_section& s, const char* list_key, const Make& make, std::vector<std::unique_ptr<Part>>& out) {
+  if (s.type() != "Sequence") {
+    out.push_back(make(s));
+    return;
+  }
+  const auto list = s.at(list_key);
+  for (std::size_t i = 0; i < list.size(); ++i) add_parts(list[i].require_object(), list_key, make, out);
+}
 
 }  // namespace detail
 }  // namespace difftx::tokenizer

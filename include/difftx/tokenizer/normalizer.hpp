@@ -42,32 +42,25 @@ class replace_normalizer final : public normalizer {
   std::string content_;
 };
 
-class normalizer_sequence final : public normalizer {
- public:
-  explicit normalizer_sequence(std::vector<std::unique_ptr<normalizer>> steps) : steps_(std::move(steps)) {}
-  std::string normalize(std::string text) const override {
-    for (const auto& step : steps_) text = step->normalize(std::move(text));
-    return text;
-  }
-
- private:
-  std::vector<std::unique_ptr<normalizer>> steps_;
-};
-
 }  // namespace detail
 
-// The normalizer section s describes (an object with "type").
-inline std::unique_ptr<normalizer> make_normalizer(const detail::json_section& s) {
-  const auto& type = s.type();
-  if (type == "Prepend") return std::make_unique<detail::prepend_normalizer>(s);
-  if (type == "Replace") return std::make_unique<detail::replace_normalizer>(s);
-  if (type == "Sequence") {
-    const auto list = s.at("normalizers");
-    std::vector<std::unique_ptr<normalizer>> steps;
-    for (std::size_t i = 0; i < list.size(); ++i) steps.push_back(make_normalizer(list[i].require_object()));
-    return std::make_unique<detail::normalizer_sequence>(std::move(steps));
-  }
-  s.unsupported("Prepend, Replace or Sequence (difftx does not apply Unicode normalization, Lowercase, Strip or others)");
+using normalizers = std::vector<std::unique_ptr<normalizer>>;
+
+// The normalizers section s describes (an object with "type"; a Sequence's, flattened).
+inline normalizers make_normalizers(const detail::json_section& s) {
+  normalizers out;
+  detail::add_parts(s, "normalizers", [](const detail::json_section& part) -> std::unique_ptr<normalizer> {
+    const auto& type = part.type();
+    if (type == "Prepend") return std::make_unique<detail::prepend_normalizer>(part);
+    if (type == "Replace") return std::make_unique<detail::replace_normalizer>(part);
+    part.unsupported("Prepend, Replace or Sequence (difftx does not apply Unicode normalization, Lowercase, Strip or others)");
+  }, out);
+  return out;
+}
+
+inline std::string normalize(const normalizers& steps, std::string text) {
+  for (const auto& step : steps) text = step->normalize(std::move(text));
+  return text;
 }
 
 }  // namespace difftx::tokenizer

@@ -78,33 +78,20 @@ class no_ids_processor final : public post_processor {  // ByteLevel: it trims o
   void added_ids(std::vector<token_t>&) const override {}
 };
 
-class processor_sequence final : public post_processor {
- public:
-  explicit processor_sequence(std::vector<std::unique_ptr<post_processor>> steps) : steps_(std::move(steps)) {}
-  void process(std::vector<token_t>& ids, bool add_special_tokens) const override {
-    for (const auto& step : steps_) step->process(ids, add_special_tokens);
-  }
-  void added_ids(std::vector<token_t>& out) const override {
-    for (const auto& step : steps_) step->added_ids(out);
-  }
-
- private:
-  std::vector<std::unique_ptr<post_processor>> steps_;
-};
-
 }  // namespace detail
 
-inline std::unique_ptr<post_processor> make_post_processor(const detail::json_section& s) {
-  const auto& type = s.type();
-  if (type == "TemplateProcessing") return std::make_unique<detail::template_processor>(s);
-  if (type == "ByteLevel") return std::make_unique<detail::no_ids_processor>();
-  if (type == "Sequence") {
-    const auto list = s.at("processors");
-    std::vector<std::unique_ptr<post_processor>> steps;
-    for (std::size_t i = 0; i < list.size(); ++i) steps.push_back(make_post_processor(list[i].require_object()));
-    return std::make_unique<detail::processor_sequence>(std::move(steps));
-  }
-  s.unsupported("TemplateProcessing, ByteLevel or Sequence");
+using post_processors = std::vector<std::unique_ptr<post_processor>>;
+
+// The post-processors section s describes (a Sequence's, flattened).
+inline post_processors make_post_processors(const detail::json_section& s) {
+  post_processors out;
+  detail::add_parts(s, "processors", [](const detail::json_section& part) -> std::unique_ptr<post_processor> {
+    const auto& type = part.type();
+    if (type == "TemplateProcessing") return std::make_unique<detail::template_processor>(part);
+    if (type == "ByteLevel") return std::make_unique<detail::no_ids_processor>();
+    part.unsupported("TemplateProcessing, ByteLevel or Sequence");
+  }, out);
+  return out;
 }
 
 }  // namespace difftx::tokenizer

@@ -168,31 +168,21 @@ class metaspace_pre_tokenizer final : public pre_tokenizer {
   bool split_;
 };
 
-class pre_tokenizer_sequence final : public pre_tokenizer {
- public:
-  explicit pre_tokenizer_sequence(std::vector<std::unique_ptr<pre_tokenizer>> steps) : steps_(std::move(steps)) {}
-  void pre_tokenize(pieces& list) const override {
-    for (const auto& step : steps_) step->pre_tokenize(list);
-  }
-
- private:
-  std::vector<std::unique_ptr<pre_tokenizer>> steps_;
-};
-
 }  // namespace detail
 
-inline std::unique_ptr<pre_tokenizer> make_pre_tokenizer(const detail::json_section& s) {
-  const auto& type = s.type();
-  if (type == "Split") return std::make_unique<detail::split_pre_tokenizer>(s);
-  if (type == "ByteLevel") return std::make_unique<detail::byte_level_pre_tokenizer>(s);
-  if (type == "Metaspace") return std::make_unique<detail::metaspace_pre_tokenizer>(s);
-  if (type == "Sequence") {
-    const auto list = s.at("pretokenizers");
-    std::vector<std::unique_ptr<pre_tokenizer>> steps;
-    for (std::size_t i = 0; i < list.size(); ++i) steps.push_back(make_pre_tokenizer(list[i].require_object()));
-    return std::make_unique<detail::pre_tokenizer_sequence>(std::move(steps));
-  }
-  s.unsupported("Split, ByteLevel, Metaspace or Sequence");
+using pre_tokenizers = std::vector<std::unique_ptr<pre_tokenizer>>;
+
+// The pre-tokenizers section s describes (a Sequence's, flattened).
+inline pre_tokenizers make_pre_tokenizers(const detail::json_section& s) {
+  pre_tokenizers out;
+  detail::add_parts(s, "pretokenizers", [](const detail::json_section& part) -> std::unique_ptr<pre_tokenizer> {
+    const auto& type = part.type();
+    if (type == "Split") return std::make_unique<detail::split_pre_tokenizer>(part);
+    if (type == "ByteLevel") return std::make_unique<detail::byte_level_pre_tokenizer>(part);
+    if (type == "Metaspace") return std::make_unique<detail::metaspace_pre_tokenizer>(part);
+    part.unsupported("Split, ByteLevel, Metaspace or Sequence");
+  }, out);
+  return out;
 }
 
 }  // namespace difftx::tokenizer
