@@ -170,8 +170,7 @@ using decoders = std::vector<std::unique_ptr<decoder>>;
 
 // The decoders section s describes (a Sequence's, flattened).
 inline decoders make_decoders(const detail::json_section& s) {
-  decoders out;
-  detail::add_parts(s, "decoders", [](const detail::json_section& part) -> std::unique_ptr<decoder> {
+  return detail::parts_of<decoder>(s, "decoders", [](const detail::json_section& part) -> std::unique_ptr<decoder> {
     const auto& type = part.type();
     if (type == "ByteLevel") return std::make_unique<detail::byte_level_decoder>();
     if (type == "Replace") return std::make_unique<detail::replace_decoder>(part);
@@ -180,8 +179,7 @@ inline decoders make_decoders(const detail::json_section& s) {
     if (type == "Strip") return std::make_unique<detail::strip_decoder>(part);
     if (type == "Metaspace") return std::make_unique<detail::metaspace_decoder>(part);
     part.unsupported("ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace or Sequence");
-  }, out);
-  return out;
+  });
 }
 
 }  // namespace difftx::tokenizer

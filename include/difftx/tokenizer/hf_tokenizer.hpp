@@ -51,17 +51,17 @@ class hf_tokenizer final : public text_tokenizer {
     for (const auto* key : {"truncation", "padding"})
       if (const auto s = root.find(key)) s->fail("null (difftx encodes the whole text, unpadded)");
     model_ = std::make_unique<bpe_model>(root.at("model").require_object());
-    if (const auto s = root.find("normalizer")) normalizers_ = make_normalizers(s->require_object());
+    if (const auto s = root.find("normalizer")) normalizers_ = make_normalizers(*s);
     added_ = std::make_unique<added_vocabulary>(root.find("added_tokens"), *model_, normalizers_);
-    if (const auto s = root.find("pre_tokenizer")) pre_tokenizers_ = make_pre_tokenizers(s->require_object());
+    if (const auto s = root.find("pre_tokenizer")) pre_tokenizers_ = make_pre_tokenizers(*s);
     if (const auto s = root.find("decoder")) {
-      decoders_ = make_decoders(s->require_object());
+      decoders_ = make_decoders(*s);
       has_decoder_ = true;
     }
     vocab_size_ = model_->size();
     for (const auto& [id, t] : added_->tokens()) vocab_size_ = std::max(vocab_size_, id + 1);
     if (const auto s = root.find("post_processor")) {
-      post_processors_ = make_post_processors(s->require_object());
+      post_processors_ = make_post_processors(*s);
       std::vector<token_t> added;
       for (const auto& p : post_processors_) p->added_ids(added);
       for (const auto id : added)

@@ -201,6 +201,12 @@ void add_parts(const json_section& s, const char* list_key, const Make& make, st
   const auto list = s.at(list_key);
   for (std::size_t i = 0; i < list.size(); ++i) add_parts(list[i].require_object(), list_key, make, out);
 }
+template <class Part, class Make>
+std::vector<std::unique_ptr<Part>> parts_of(const json_section& s, const char* list_key, const Make& make) {
+  std::vector<std::unique_ptr<Part>> out;
+  add_parts(s.require_object(), list_key, make, out);
+  return out;
+}
 
 }  // namespace detail
 }  // namespace difftx::tokenizer

@@ -48,14 +48,12 @@ using normalizers = std::vector<std::unique_ptr<normalizer>>;
 
 // The normalizers section s describes (an object with "type"; a Sequence's, flattened).
 inline normalizers make_normalizers(const detail::json_section& s) {
-  normalizers out;
-  detail::add_parts(s, "normalizers", [](const detail::json_section& part) -> std::unique_ptr<normalizer> {
+  return detail::parts_of<normalizer>(s, "normalizers", [](const detail::json_section& part) -> std::unique_ptr<normalizer> {
     const auto& type = part.type();
     if (type == "Prepend") return std::make_unique<detail::prepend_normalizer>(part);
     if (type == "Replace") return std::make_unique<detail::replace_normalizer>(part);
     part.unsupported("Prepend, Replace or Sequence (difftx does not apply Unicode normalization, Lowercase, Strip or others)");
-  }, out);
-  return out;
+  });
 }
 
 inline std::string normalize(const normalizers& steps, std::string text) {

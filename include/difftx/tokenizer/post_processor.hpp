@@ -84,14 +84,12 @@ using post_processors = std::vector<std::unique_ptr<post_processor>>;
 
 // The post-processors section s describes (a Sequence's, flattened).
 inline post_processors make_post_processors(const detail::json_section& s) {
-  post_processors out;
-  detail::add_parts(s, "processors", [](const detail::json_section& part) -> std::unique_ptr<post_processor> {
+  return detail::parts_of<post_processor>(s, "processors", [](const detail::json_section& part) -> std::unique_ptr<post_processor> {
     const auto& type = part.type();
     if (type == "TemplateProcessing") return std::make_unique<detail::template_processor>(part);
     if (type == "ByteLevel") return std::make_unique<detail::no_ids_processor>();
     part.unsupported("TemplateProcessing, ByteLevel or Sequence");
-  }, out);
-  return out;
+  });
 }
 
 }  // namespace difftx::tokenizer

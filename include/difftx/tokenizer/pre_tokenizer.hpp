@@ -174,15 +174,13 @@ using pre_tokenizers = std::vector<std::unique_ptr<pre_tokenizer>>;
 
 // The pre-tokenizers section s describes (a Sequence's, flattened).
 inline pre_tokenizers make_pre_tokenizers(const detail::json_section& s) {
-  pre_tokenizers out;
-  detail::add_parts(s, "pretokenizers", [](const detail::json_section& part) -> std::unique_ptr<pre_tokenizer> {
+  return detail::parts_of<pre_tokenizer>(s, "pretokenizers", [](const detail::json_section& part) -> std::unique_ptr<pre_tokenizer> {
     const auto& type = part.type();
     if (type == "Split") return std::make_unique<detail::split_pre_tokenizer>(part);
     if (type == "ByteLevel") return std::make_unique<detail::byte_level_pre_tokenizer>(part);
     if (type == "Metaspace") return std::make_unique<detail::metaspace_pre_tokenizer>(part);
     part.unsupported("Split, ByteLevel, Metaspace or Sequence");
-  }, out);
-  return out;
+  });
 }
 
 }  // namespace difftx::tokenizer
