@@ -17,7 +17,6 @@
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <queue>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -25,6 +24,7 @@
 
 #include <difftx/ops/common.hpp>
 
+#include "difftx/tokenizer/flat_table.hpp"
 #include "difftx/tokenizer/json_section.hpp"
 #include "difftx/tokenizer/utf8.hpp"
 
@@ -32,9 +32,11 @@ namespace difftx::tokenizer {
 
 namespace detail {
 
+// Not noexcept on purpose: libstdc++ then keeps each key's hash in its node, so
+// a lookup does not hash every key it passes in the bucket list.
 struct string_hash {
   using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 template <class V>
 using string_map = std::unordered_map<std::string, V, string_hash, std::equal_to<>>;
@@ -57,6 +59,12 @@ class bpe_model {
     byte_fallback_ = model.flag("byte_fallback", false);
     ignore_merges_ = model.flag("ignore_merges", false);
     read_vocabulary(model.at("vocab").require_object());
+    for (std::size_t i = 0; i < vocab_.size(); ++i)
+      if (const auto& token = vocab_.key(i); !token.empty() && utf8::char_length(token[0]) == token.size()) {  // one character
+        const auto c = utf8::decode_at(token, 0);
+        if (c < small_characters) character_ids_[c] = vocab_.value(i);
+        else large_character_ids_.insert_or_assign(c, vocab_.value(i));
+      }
     if (const auto unk = model.find("unk_token")) {
       unk_ = id_of(unk->string());
       if (!unk_) unk->fail("a token of model.vocab");
@@ -69,13 +77,13 @@ class bpe_model {
   }
 
   std::optional<token_t> id_of(std::string_view token) const {
-    const auto it = vocab_.find(token);
-    return it == vocab_.end() ? std::nullopt : std::optional<token_t>(it->second);
+    const auto* id = vocab_.find(token);
+    return id ? std::optional<token_t>(*id) : std::nullopt;
   }
   // The token of id, or null.
   const std::string* token_of(token_t id) const noexcept {
-    const auto it = tokens_.find(id);
-    return it == tokens_.end() ? nullptr : it->second;
+    const auto* i = id >= 0 ? token_index_.find(static_cast<std::uint64_t>(id)) : nullptr;
+    return i ? &vocab_.key(*i) : nullptr;
   }
   // One more than the largest id.
   token_t size() const noexcept { return size_; }
@@ -127,26 +135,25 @@ class bpe_model {
     return static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32 | static_cast<std::uint32_t>(b);
   }
   const merge* find_merge(token_t a, token_t b) const noexcept {
-    const auto it = merges_.find(pair_key(a, b));
-    return it == merges_.end() ? nullptr : &it->second;
+    return merges_.find(pair_key(a, b));
   }
 
   void read_vocabulary(const detail::json_section& vocab) {
-    vocab_.reserve(vocab.value().size());
-    tokens_.reserve(vocab.value().size());
     for (const auto& [token, value] : vocab.value().items()) {
-      const detail::json_section entry(value, vocab.file(), vocab.path() + "." + token);
-      const auto id = static_cast<token_t>(entry.integer(0, max_token_id - 1));
-      const auto it = vocab_.emplace(token, id).first;
-      if (const auto [other, fresh] = tokens_.emplace(id, &it->first); !fresh)
-        entry.fail("an id no other token has", std::to_string(id) + ", the id of " + detail::describe(*other->second));
+      const auto entry = [&] { return detail::json_section(value, vocab.file(), vocab.path() + "." + token); };
+      const auto id = static_cast<token_t>(value.is_number_unsigned() && value.get<std::uint64_t>() < max_token_id
+                                               ? value.get<std::int64_t>()
+                                               : entry().integer(0, max_token_id - 1));
+      if (const auto* other = token_index_.find(static_cast<std::uint64_t>(id)))
+        entry().fail("an id no other token has", std::to_string(id) + ", the id of " + detail::describe(vocab_.key(*other)));
+      if (!vocab_.insert(token, id)) entry().fail("a token whose hash no other token has", "a hash collision");
+      token_index_.insert_or_assign(static_cast<std::uint64_t>(id), vocab_.size() - 1);
       size_ = std::max(size_, id + 1);
     }
   }
 
   void read_merges(const detail::json_section& list) {
     const auto n = list.size();
-    merges_.reserve(n);
     std::uint32_t rank = 0;
     std::string joined;
     for (std::size_t i = 0; i < n; ++i) {
@@ -175,10 +182,19 @@ class bpe_model {
     }
   }
 
+  // The id of the one-character token of c, or -1.
+  token_t character_id(char32_t c) const noexcept {
+    if (c < small_characters) return character_ids_[c];
+    const auto* id = large_character_ids_.find(c);
+    return id ? *id : -1;
+  }
+
   // The ids of word, merged: appended to out.
   void merge_word(std::string_view word, std::vector<token_t>& out) const {
-    std::vector<symbol> symbols;
-    symbols.reserve(word.size());
+    thread_local std::vector<symbol> symbols;  // reused: a word's encoding allocates nothing once these have grown
+    thread_local std::vector<candidate> queue;  // a min-heap on (rank, position)
+    symbols.clear();
+    queue.clear();
     const auto add = [&](token_t id) {
       const auto n = static_cast<std::int32_t>(symbols.size());
       symbols.push_back({id, n - 1, -1, true});
@@ -188,11 +204,12 @@ class bpe_model {
     for (std::size_t i = 0; i < word.size();) {
       const auto length = utf8::char_length(word[i]);
       const auto character = word.substr(i, length);
+      const auto id = character_id(utf8::decode_at(word, i));
       i += length;
-      if (const auto id = id_of(character)) {
+      if (id >= 0) {
         if (pending_unk) add(*pending_unk);
         pending_unk.reset();
-        add(*id);
+        add(id);
         continue;
       }
       if (byte_fallback_ && std::all_of(character.begin(), character.end(), [&](char c) {
@@ -208,13 +225,17 @@ class bpe_model {
     }
     if (pending_unk) add(*pending_unk);
 
-    std::priority_queue<candidate, std::vector<candidate>, std::greater<>> queue;
+    const auto push = [&](candidate c) {
+      queue.push_back(c);
+      std::push_heap(queue.begin(), queue.end(), std::greater<>());
+    };
     for (std::size_t p = 0; p + 1 < symbols.size(); ++p)
       if (const auto* m = find_merge(symbols[p].id, symbols[p + 1].id))
-        queue.push({m->rank, static_cast<std::int32_t>(p), m->result});
+        push({m->rank, static_cast<std::int32_t>(p), m->result});
     while (!queue.empty()) {
-      const auto top = queue.top();
-      queue.pop();
+      std::pop_heap(queue.begin(), queue.end(), std::greater<>());
+      const auto top = queue.back();
+      queue.pop_back();
       auto& left = symbols[static_cast<std::size_t>(top.position)];
       if (!left.alive || left.next < 0) continue;
       auto& right = symbols[static_cast<std::size_t>(left.next)];
@@ -227,19 +248,22 @@ class bpe_model {
       if (left.next >= 0) symbols[static_cast<std::size_t>(left.next)].previous = top.position;
       if (left.previous >= 0)
         if (const auto* m = find_merge(symbols[static_cast<std::size_t>(left.previous)].id, left.id))
-          queue.push({m->rank, left.previous, m->result});
+          push({m->rank, left.previous, m->result});
       if (left.next >= 0)
         if (const auto* m = find_merge(left.id, symbols[static_cast<std::size_t>(left.next)].id))
-          queue.push({m->rank, top.position, m->result});
+          push({m->rank, top.position, m->result});
     }
     for (const auto& s : symbols)
       if (s.alive) out.push_back(s.id);
   }
 
-  detail::string_map<token_t> vocab_;
-  std::unordered_map<token_t, const std::string*> tokens_;  // into vocab_'s keys (nodes do not move)
+  static constexpr char32_t small_characters = 0x800;  // ASCII to Arabic, and GPT-2's byte stand-ins
+  detail::string_table<token_t> vocab_;
+  detail::flat_table<std::size_t> token_index_;  // id: its entry in vocab_
+  std::vector<token_t> character_ids_ = std::vector<token_t>(small_characters, -1);
+  detail::flat_table<token_t> large_character_ids_;
   token_t size_ = 0;
-  std::unordered_map<std::uint64_t, merge> merges_;
+  detail::flat_table<merge> merges_;
   std::array<std::optional<token_t>, 256> byte_ids_{};
   std::optional<token_t> unk_;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
