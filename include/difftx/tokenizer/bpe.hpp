@@ -139,7 +139,9 @@ class bpe_model {
   }
 
   void read_vocabulary(const detail::json_section& vocab) {
-    for (const auto& [token, value] : vocab.value().items()) {
+    for (auto item = vocab.value().begin(); item != vocab.value().end(); ++item) {
+      const auto& token = item.key();
+      const auto& value = item.value();
       const auto entry = [&] { return detail::json_section(value, vocab.file(), vocab.path() + "." + token); };
       const auto id = static_cast<token_t>(value.is_number_unsigned() && value.get<std::uint64_t>() < max_token_id
                                                ? value.get<std::int64_t>()
