@@ -28,11 +28,19 @@
 #include <difftx/testing/compare.hpp>
 #include <difftx/testing/tolerance.hpp>
 
+#include "support/cli_run.hpp"
 #include "support/helpers.hpp"
 #include "support/temp_folder.hpp"
 
 using namespace difftx;
 using testing::normwise_difference;
+using test_support::check_message;
+using test_support::difftx_cli;
+using test_support::expect_usage_error;
+using test_support::outcome;
+using test_support::q;
+using test_support::read_text;
+using test_support::shell_command;
 
 namespace {
 
@@ -42,47 +50,6 @@ const std::string fixture_input = (data_dir / "npy" / "decoder_layer.input.f64.n
 const std::string fixture_grad_output = (data_dir / "npy" / "decoder_layer.grad_output.f64.npy").string();
 // The decoder_layer fixture's configuration beyond what its weights say.
 const std::string fixture_flags = " --module decoder_layer --layer-index 2";
-
-struct outcome {
-  int code;
-  std::string out, err;
-};
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs a shell command line, capturing both streams.
-outcome shell_command(const std::string& line) {
-  static const test_support::temp_folder logs;
-  const auto out = logs / "stdout", err = logs / "stderr";
-  const std::string command = "(" + line + ") >'" + out.string() + "' 2>'" + err.string() + "'";
-  const int status = std::system(command.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
-}
-
-// Runs `difftx <args>`, capturing both streams.
-outcome difftx_cli(const std::string& args) { return shell_command(std::string(DIFFTX_CLI) + " " + args); }
-
-// The path quoted for the shell.
-std::string q(const std::filesystem::path& path) { return std::string(1, '\'').append(path.string()).append(1, '\''); }
-
-// The message is one line and contains every part.
-void check_message(const std::string& err, std::initializer_list<std::string> parts) {
-  INFO("stderr: " << err);
-  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
-  for (const auto& part : parts) CHECK(err.find(part) != std::string::npos);
-}
-
-void expect_usage_error(const std::string& args, std::initializer_list<std::string> parts) {
-  INFO("difftx " << args);
-  const auto r = difftx_cli(args);
-  CHECK(r.code == 2);
-  check_message(r.err, parts);
-}
 
 // A copy of the fixture's weights with `edit` applied, written to path.
 template <class Edit>
@@ -1196,19 +1163,30 @@ TEST_CASE("cli models: generate --model gives transformers' greedy tokens, and -
     CHECK(j.at("model_kind") == "DiffLlama folder");
   }
   const hf_expected e("tokenizer");
-  const auto r = difftx_cli("generate --model " + q(hf_data / "tokenizer") + " --text '" + e.metadata.at("prompt.text") +
-                            "' --max-new-tokens " + std::to_string(e.greedy.size()));
-  INFO("stdout: " << r.out << "stderr: " << r.err);
-  REQUIRE(r.code == 0);
-  CHECK(r.out.find("prompt: " + e.joined(e.prompt) + "\n") != std::string::npos);  // BOS, then the text's ids
-  CHECK(r.out.find("tokens: " + e.joined(e.greedy) + "\n") != std::string::npos);
-  CHECK(r.out.find("text: " + e.metadata.at("text.decoded") + "\n") != std::string::npos);
-  // Without a tokenizer.model: a usage error that says why; the ids still work.
-  expect_usage_error("generate --model " + q(hf_data / "plain") + " --text hello", {"--text", "tokenizer.model"});
+  // The folder's tokenizer.model (SentencePiece), and the same model as a tokenizer.json in its place
+  // (tests/data/tokenizer/sp_converted): the same prompt, tokens and text.
   test_support::temp_folder folder;
+  std::filesystem::copy(hf_data / "tokenizer", folder / "json", std::filesystem::copy_options::recursive);
+  std::filesystem::remove(folder / "json" / "tokenizer.model");
+  std::filesystem::copy(data_dir / "tokenizer" / "sp_converted" / "tokenizer.json", folder / "json" / "tokenizer.json");
+  for (const auto& model : {hf_data / "tokenizer", folder / "json"}) {
+    INFO(model);
+    const auto r = difftx_cli("generate --model " + q(model) + " --text '" + e.metadata.at("prompt.text") +
+                              "' --max-new-tokens " + std::to_string(e.greedy.size()));
+    INFO("stdout: " << r.out << "stderr: " << r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("prompt: " + e.joined(e.prompt) + "\n") != std::string::npos);  // BOS once, then the text's ids
+    CHECK(r.out.find("tokens: " + e.joined(e.greedy) + "\n") != std::string::npos);
+    CHECK(r.out.find("text: " + e.metadata.at("text.decoded") + "\n") != std::string::npos);
+  }
+  // Without a tokenizer: a usage error that says why; the ids still work.
+  expect_usage_error("generate --model " + q(hf_data / "plain") + " --text hello", {"--text", "tokenizer.json", "tokenizer.model"});
+  // A malformed tokenizer.json: bad input, one line naming the file and the key.
   std::filesystem::copy(hf_data / "plain", folder / "plain", std::filesystem::copy_options::recursive);
   std::ofstream(folder / "plain" / "tokenizer.json") << "{}";
-  expect_usage_error("generate --model " + q(folder / "plain") + " --text hello", {"--text", "tokenizer.json", "--prompt"});
+  const auto r = difftx_cli("generate --model " + q(folder / "plain") + " --text hello");
+  CHECK(r.code == 3);
+  check_message(r.err, {"plain/tokenizer.json: model'", "required"});
   expect_usage_error("generate --model " + q(hf_data / "plain") + " --prompt 1 --text hello", {"--prompt", "--text"});
 }
 

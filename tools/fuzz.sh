@@ -7,8 +7,8 @@
 # target reported a finding (crash, sanitizer report, leak, timeout, out-of-memory), naming the input
 # that caused it.
 #
-#   tools/fuzz.sh [SECONDS] [TARGET...]       (targets: fuzz_npy fuzz_safetensors fuzz_checkpoint_config fuzz_run;
-#                                              default all)
+#   tools/fuzz.sh [SECONDS] [TARGET...]       (targets: fuzz_npy fuzz_safetensors fuzz_checkpoint_config fuzz_run
+#                                              fuzz_tokenizer_json; default all)
 #
 # Everything it writes goes to one folder, kept and printed at the end: $FUZZ_OUT if set, else a new
 # /tmp/difftx-fuzz.XXXXXX. In it: <target>.log (libFuzzer's output), corpus/<target>/ (the seeds plus
@@ -23,11 +23,13 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "usage: tools/fuzz.sh [SECONDS] [TARGET...] (SECONDS: a positive integer, got '$seconds')" >&2; exit 2; }
 (($# > 0)) && shift
-all=(fuzz_npy fuzz_safetensors fuzz_checkpoint_config fuzz_run)
+all=(fuzz_npy fuzz_safetensors fuzz_checkpoint_config fuzz_run fuzz_tokenizer_json)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
-# -max_len: a few times the largest seed (fuzz_run holds arguments and three files).
-declare -A max_len=([fuzz_npy]=4096 [fuzz_safetensors]=8192 [fuzz_checkpoint_config]=8192 [fuzz_run]=16384)
+# -max_len: a few times the largest seed (fuzz_run holds arguments and three files; fuzz_tokenizer_json's
+# seeds are trimmed tokenizer.json files of up to 7 KB).
+declare -A max_len=([fuzz_npy]=4096 [fuzz_safetensors]=8192 [fuzz_checkpoint_config]=8192 [fuzz_run]=16384
+                    [fuzz_tokenizer_json]=16384)
 for t in "${targets[@]}"; do
   [[ -v max_len[$t] ]] || { echo "tools/fuzz.sh: unknown target '$t' (targets: ${all[*]})" >&2; exit 2; }
 done
@@ -61,7 +63,7 @@ fuzz_one() {
   else
     local artifact kind
     artifact=$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)
-    kind=$(grep -o -m1 'ERROR: libFuzzer: [a-z-]*\|ERROR: AddressSanitizer: [a-z-]*\|ERROR: LeakSanitizer: [a-z-]*\|runtime error: .*\|fuzz_run: finding: .*\|fuzz_[a-z]*: [a-z].*' "$log" | head -1 || true)
+    kind=$(grep -o -m1 'ERROR: libFuzzer: [a-z-]*\|ERROR: AddressSanitizer: [a-z-]*\|ERROR: LeakSanitizer: [a-z-]*\|runtime error: .*\|fuzz_run: finding: .*\|fuzz_[a-z_]*: [a-z].*' "$log" | head -1 || true)
     result="FINDING (exit $rc): ${kind:-see the log}; input: ${artifact:-none written}"
   fi
   echo "$t: ${execs:-?} executions, ${rate:-?} exec/s, ${coverage:-no coverage line}: $result" >"$out/$t.result"

@@ -13,6 +13,9 @@ randomness), so the committed seeds can be regenerated and compared:
   fuzz_run/          one complete `difftx run` per module kind, in fuzz_run's input
                      format (fuzz/fuzz_run.cpp): arguments, then the weights, the
                      input and dY, separated by "\\n%%\\n"; each runs with exit code 0
+  fuzz_tokenizer_json/ each tokenizer.json of tests/data/tokenizer trimmed (its first
+                     merges, the tokens they and the file's other parts need), some
+                     followed by "\\n%%\\n" and a short text (fuzz/fuzz_tokenizer_json.cpp)
 It writes only the files it names (a regression input added by hand stays).
 """
 import json
@@ -206,9 +209,35 @@ def run_seeds():
     return seeds
 
 
+def trimmed_tokenizer(path, merges=24):
+    """A tokenizer.json with its first merges only and the tokens they, the single characters and
+    the file's unk_token need (ids kept), as compact JSON."""
+    j = json.loads(path.read_text(encoding="utf-8"))
+    model = j["model"]
+    kept = model["merges"][:merges]
+    pairs = [m.split(" ") if isinstance(m, str) else m for m in kept]
+    needed = {t for a, b in pairs for t in (a, b, a + b)}
+    needed |= {t for t in model["vocab"] if len(t) == 1 or (t.startswith("<0x") and len(t) == 6)}
+    if model.get("unk_token"):
+        needed.add(model["unk_token"])
+    model["vocab"] = {t: i for t, i in model["vocab"].items() if t in needed}
+    model["merges"] = kept
+    return json.dumps(j, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def tokenizer_seeds():
+    folder = DATA / "tokenizer"
+    texts = [b"", SEPARATOR + "Hello w\u00f6rld 123 <|begin_of_text|>it's\n\t \U0001F600 <s>x</s>".encode(),
+             SEPARATOR + "\u2581a \u2581\u2581b\r\n99999 \u0645\u0631\u062d\u0628\u0627".encode()]
+    seeds = {}
+    for i, name in enumerate(["llama3", "gpt2", "llama2", "llama2_legacy", "metaspace_split", "sp_converted"]):
+        seeds[f"{name}.json"] = trimmed_tokenizer(folder / name / "tokenizer.json") + texts[i % 3]
+    return seeds
+
+
 def main():
     for target, seeds in (("fuzz_npy", npy_seeds()), ("fuzz_safetensors", safetensors_seeds()),
-                          ("fuzz_run", run_seeds())):
+                          ("fuzz_run", run_seeds()), ("fuzz_tokenizer_json", tokenizer_seeds())):
         folder = CORPUS / target
         folder.mkdir(parents=True, exist_ok=True)
         for name, data in seeds.items():

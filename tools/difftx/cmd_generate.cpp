@@ -80,12 +80,6 @@ class text_stream {
   std::size_t printed_ = 0;
 };
 
-std::string joined(const std::vector<token_t>& tokens) {
-  std::string out;
-  for (const auto t : tokens) out += (out.empty() ? "" : ",") + std::to_string(t);
-  return out;
-}
-
 void generate(const generate_options& o) {
   const auto type = checked_dtype(o.dtype, o.policy);
   if (!runs_language_models(o.policy))
@@ -98,11 +92,8 @@ void generate(const generate_options& o) {
   std::unique_ptr<text_tokenizer> tokenizer;
   std::vector<token_t> prompt(o.prompt.begin(), o.prompt.end());
   if (!o.text.empty()) {
-    tokenizer = open_tokenizer(source.folder());
-    const auto bos = source.bos_token_id() ? std::optional<token_t>(static_cast<token_t>(*source.bos_token_id()))
-                                           : tokenizer->bos();
-    if (bos) prompt.push_back(*bos);
-    for (const auto id : tokenizer->encode(o.text)) prompt.push_back(id);
+    tokenizer = open_tokenizer(source.folder(), "--text");
+    prompt = prompt_ids(o.model, *tokenizer, o.text);
   }
   auto spec = source.spec();
   spec.weights = storage_of(o.weights_dtype);
@@ -124,7 +115,7 @@ void generate(const generate_options& o) {
                 source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads, a.kv_heads,
                 a.head_dim, l.ffn_dim, policy_description(o.policy, model->bf16_product()).c_str(), o.dtype.c_str(),
                 o.weights_dtype.c_str(), o.kv_dtype.c_str(), model->threads(), model->threads() == 1 ? "" : "s");
-  if (tokenizer && !o.json) std::printf("prompt: %s\n", joined(prompt).c_str());
+  if (tokenizer && !o.json) std::printf("prompt: %s\n", joined_ids(prompt).c_str());
   if (tokenizer && !o.json) std::printf("text: ");
   std::fflush(stdout);
 
@@ -160,7 +151,7 @@ void generate(const generate_options& o) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  std::printf("tokens: %s\n", joined(generated).c_str());
+  std::printf("tokens: %s\n", joined_ids(generated).c_str());
   std::printf("stop: %s\n", stopped ? "end-of-sequence token" : "--max-new-tokens");
   std::printf("prefill: %td prompt tokens in %.3f ms, %.0f tokens/s\n", prompt_tokens, prefill_ms,
               prompt_tokens / prefill_ms * 1e3);
@@ -181,8 +172,9 @@ void add_generate_command(CLI::App& app) {
                      ->delimiter(',')
                      ->check(count_in(0));
   auto* text = cmd->add_option("--text", o->text,
-                               "the prompt as text, encoded by the tokenizer.model beside the weights (after the "
-                               "beginning-of-sequence token); the new tokens are printed as text too");
+                               "the prompt as text, encoded by the tokenizer beside the weights (tokenizer.json, else "
+                               "tokenizer.model), beginning with the beginning-of-sequence token once (see difftx "
+                               "tokenize); the new tokens are printed as text too");
   prompt->excludes(text);
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate at most")
       ->check(count_in(1))

@@ -26,6 +26,7 @@ void add_bench_command(CLI::App& app);
 void add_retrieval_command(CLI::App& app);  // the training demo (cmd_retrieval.cpp)
 void add_generate_command(CLI::App& app);   // greedy decoding with the KV cache (cmd_generate.cpp)
 void add_convert_command(CLI::App& app);    // DiffLlama folders to difftx files and back (cmd_convert.cpp)
+void add_tokenize_command(CLI::App& app);   // text to the ids generate --text feeds, and back (cmd_tokenize.cpp)
 
 // The largest count any option takes (heads, widths, lengths, indices): far
 // above any real layer, far below where products of a few counts overflow.

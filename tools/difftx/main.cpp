@@ -6,7 +6,7 @@
 #include "commands.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"difftx: Differential Transformer layers (modules, weights, checks, timings, a training demo, generation, checkpoints)", "difftx"};
+  CLI::App app{"difftx: Differential Transformer layers (modules, weights, checks, timings, a training demo, generation, checkpoints, tokenizers)", "difftx"};
   app.require_subcommand(1);
   app.footer(difftx::cli::exit_codes_help);
   difftx::cli::add_run_command(app);
@@ -15,5 +15,6 @@ int main(int argc, char** argv) {
   difftx::cli::add_retrieval_command(app);
   difftx::cli::add_generate_command(app);
   difftx::cli::add_convert_command(app);
+  difftx::cli::add_tokenize_command(app);
   return difftx::cli::run_app(app, argc, argv);
 }

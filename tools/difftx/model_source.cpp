@@ -171,9 +171,6 @@ model_source::model_source(const std::filesystem::path& path, const model_flags&
     const auto& c = checkpoint_->config();
     spec_.model = c.language_model();
     for (index_t i = 0; i < c.layers; ++i) spec_.layers.push_back(c.layer(i));
-    const auto config = io::read_json_file(path / "config.json", "read_diffllama");
-    if (const auto bos = config.find("bos_token_id"); bos != config.end() && bos->is_number_integer())
-      bos_token_id_ = bos->get<std::int64_t>();
     // generation_config.json is what transformers' generate reads; config.json where it says nothing.
     auto eos = eos_ids_in(path / "generation_config.json");
     if (!eos) eos = eos_ids_in(path / "config.json");

@@ -40,8 +40,6 @@ class model_source {
   const std::filesystem::path& path() const noexcept { return path_; }
   // The folder beside the weights, where a tokenizer may lie.
   std::filesystem::path folder() const { return checkpoint_ ? path_ : path_.parent_path(); }
-  // config.json's bos_token_id, where a DiffLlama folder has one.
-  std::optional<std::int64_t> bos_token_id() const noexcept { return bos_token_id_; }
   // The end-of-sequence ids of a DiffLlama folder (generation_config.json's
   // eos_token_id, else config.json's: one id or a list); empty where it has none.
   const std::vector<token_t>& eos_token_ids() const noexcept { return eos_token_ids_; }
@@ -52,7 +50,6 @@ class model_source {
   std::filesystem::path path_;
   std::optional<io::diffllama_checkpoint> checkpoint_;
   std::optional<io::mapped_safetensors> file_;
-  std::optional<std::int64_t> bos_token_id_;
   std::vector<token_t> eos_token_ids_;
   language_model_spec spec_;
 };
