@@ -29,7 +29,7 @@
 #include "difftx/ops/attention_decode.hpp"
 #include "difftx/ops/int8.hpp"
 #include "difftx/ops/logit_quantization.hpp"
-#include "difftx/policy/simd/attention.hpp"
+#include "difftx/policy/simd/attention_tiles.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/linear.hpp"
 
