@@ -17,7 +17,6 @@
 #include <cmath>
 #include <vector>
 
-#include "difftx/ops/attention.hpp"
 #include "difftx/policy/simd/attention_tiles.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/tile.hpp"

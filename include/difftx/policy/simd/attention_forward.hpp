@@ -19,7 +19,6 @@
 #include <cmath>
 #include <vector>
 
-#include "difftx/ops/attention.hpp"
 #include "difftx/policy/simd/attention_tiles.hpp"
 #include "difftx/policy/simd/common.hpp"
 
