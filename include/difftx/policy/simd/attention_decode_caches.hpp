@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -64,7 +65,6 @@ const accum_t<T>* rows_as_accum(const T* first, index_t rows, index_t cols, inde
   }
 }
 
-
 // The query rows of group j for map m, scaled, into out (rows of d): row
 // i·r + hh is token i's head j·r + hh (q [B, T, H, Maps, d]).
 template <class T>
@@ -87,7 +87,6 @@ void all_query_rows(cview<T, 5> q, index_t b, index_t G, index_t r, accum_t<T> s
   if constexpr (reads_pairs<A, E>)
     for (index_t i = 0; i < out.rows(); ++i) to_pair_order<A, E>(out.row(i).data(), d);
 }
-
 
 // rows x cols int8 values (row t at first + t·stride) times their steps (row
 // t's at steps[t·step_stride]), as A in scratch.
