@@ -9,10 +9,10 @@
 // wide_weight_row_bytes of x beside each row of W; forward reads them for x
 // of at most 4 rows. Decoding reads each row of W against the whole x: once a
 // row and x no longer fit in L1 side by side, every row reads x again from L2
-// (float32's down_proj of a 1B model, x of 22.5 KB: W's rows at 91-94% of the
-// machine's read rate in its slow state and 66-75% in its fast one, the
-// panels at 99-100% and 89-96%; docs/benchmarks.md; bfloat16 where the
-// product widens x to float likewise). They cost W's bytes once more; as with
+// and W streams below the machine's read rate; the panels stream W once with
+// y in L1 instead (float32's down_proj of a 1B model is such a product, and
+// bfloat16's where the product widens x to float; docs/benchmarks.md,
+// "Seventh pass", has the rates). They cost W's bytes once more; as with
 // int8, W stays what parameters() and files see (and what a prompt
 // multiplies), a new value there needs add_decoding_panels() again, and
 // backward refuses.

@@ -38,74 +38,30 @@
 // state serves the other.
 //
 // Graphs are built once per shape and kept in the policy's context with the
-// workspace size they need (plan_cache.hpp). Compiled only where CMake found
-// cuDNN and the frontend (DIFFTX_CUDNN, target difftx::cudnn).
+// workspace size they need (plan_cache.hpp); attention_cudnn_graph.cuh
+// builds them. This file runs them: the packed batch's lengths and offsets,
+// the statistics' copies, and the forward and backward of both maps.
+// Compiled only where CMake found cuDNN and the frontend (DIFFTX_CUDNN,
+// target difftx::cudnn).
 #pragma once
 
 #if defined(DIFFTX_CUDNN)
 
 #include <algorithm>
-#include <cmath>
-#include <compare>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <string>
 #include <unordered_map>
 
-#include <cudnn.h>
-#include <cudnn_frontend.h>
-
 #include "difftx/core/tensor.hpp"
-#include "difftx/policy/cuda/device_types.cuh"
+#include "difftx/policy/cuda/attention_cudnn_graph.cuh"
 #include "difftx/policy/cuda/attention_simt.cuh"
+#include "difftx/policy/cuda/device_types.cuh"
 #include "difftx/policy/cuda/elementwise.cuh"
-#include "difftx/policy/cuda/plan_cache.hpp"
 #include "difftx/policy/cuda/ragged_layout.hpp"
 #include "difftx/policy/cuda/tag.cuh"
 
 namespace difftx::cuda_detail {
-
-namespace fe = cudnn_frontend;
-
-inline void check(cudnnStatus_t status, const char* what, const char* file, int line) {
-  if (status != CUDNN_STATUS_SUCCESS)
-    throw cuda_error(std::string(file) + ":" + std::to_string(line) + ": " + what + ": " + cudnnGetErrorString(status));
-}
-inline void check(fe::error_t status, const char* what, const char* file, int line) {
-  if (status.is_bad())
-    throw cuda_error(std::string(file) + ":" + std::to_string(line) + ": " + what + ": cuDNN frontend: " +
-                     status.get_message());
-}
-// cuDNN has no engine for this graph (a shape or GPU it does not serve): the
-// call falls back to difftx's kernels. Anything else is an error.
-inline bool refused(fe::error_t status) {
-  const auto code = status.get_code();
-  return code == fe::error_code_t::GRAPH_NOT_SUPPORTED || code == fe::error_code_t::HEURISTIC_QUERY_FAILED ||
-         code == fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED;
-}
-
-// One attention problem as cuDNN sees it: a graph's key.
-struct cudnn_attention_key {
-  bool bfloat16 = false, causal = false, backward = false, ragged = false;
-  std::int64_t B = 0, N = 0, H = 0, G = 0, maps = 0, d = 0, dv = 0;
-  std::int64_t token_capacity = 0;  // ragged: B sequences padded to N, at most this many tokens in all
-  auto operator<=>(const cudnn_attention_key&) const = default;
-};
-
-// A built graph, or none where cuDNN refused the shape (kept too, so that it
-// is asked once).
-struct cudnn_attention_graph {
-  std::shared_ptr<fe::graph::Graph> graph;
-  std::int64_t workspace_bytes = 0;
-};
-
-// The tensors' ids in a graph's variant pack.
-enum cudnn_uid : std::int64_t {
-  q_uid = 1, k_uid, v_uid, o_uid, stats_uid, d_o_uid, dq_uid, dk_uid, dv_uid,
-  seq_len_q_uid, seq_len_kv_uid, q_offsets_uid, k_offsets_uid, v_offsets_uid, o_offsets_uid, stats_offsets_uid
-};
 
 // A packed batch as cuDNN's ragged layout reads it: its graph's sizes (host)
 // and, in device memory once the graph exists (write_ragged_batch), each
@@ -143,130 +99,6 @@ __global__ void write_ragged_offsets(ragged_chunk_args a, std::int32_t* lengths,
   const int b = a.first + i;
   for (int t = 0; t < ragged_tensor_count; ++t) offsets[t * a.stride + b] = a.begin[i] * a.row_elements[t];
   if (i < a.count) lengths[b] = static_cast<std::int32_t>(a.begin[i + 1] - a.begin[i]);
-}
-
-// The cuDNN handle (on the policy's stream) and the graphs built so far, one
-// per context, made on first use.
-struct cudnn_attention_state {
-  cudnnHandle_t handle = nullptr;
-  plan_cache<cudnn_attention_key, cudnn_attention_graph> graphs;
-  explicit cudnn_attention_state(cudaStream_t stream) {
-    DIFFTX_CUDA_CHECK(cudnnCreate(&handle));
-    DIFFTX_CUDA_CHECK(cudnnSetStream(handle, stream));
-  }
-  cudnn_attention_state(const cudnn_attention_state&) = delete;
-  cudnn_attention_state& operator=(const cudnn_attention_state&) = delete;
-  ~cudnn_attention_state() { cudnnDestroy(handle); }
-};
-
-inline cudnn_attention_state& cudnn_state(const policy::cuda& p) {
-  cuda_context& context = *p.context;
-  std::lock_guard lock(context.extension_mutex);
-  if (!context.cudnn_attention) context.cudnn_attention = std::make_shared<cudnn_attention_state>(context.stream);
-  return *std::static_pointer_cast<cudnn_attention_state>(context.cudnn_attention);
-}
-
-inline std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(const policy::cuda& p,
-                                                                              const cudnn_attention_key& key) {
-  cudnn_attention_state& state = cudnn_state(p);
-  return state.graphs.get(key, [&] {
-    const std::int64_t B = key.B, N = key.N, H = key.H, G = key.G, M = key.maps, d = key.d, dv = key.dv;
-    auto graph = std::make_shared<fe::graph::Graph>();
-    graph->set_io_data_type(key.bfloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto tensor = [&](const char* name, cudnn_uid uid, std::vector<std::int64_t> dim, std::vector<std::int64_t> stride) {
-      return graph->tensor(
-          fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(std::move(dim)).set_stride(std::move(stride)));
-    };
-    const std::vector<std::int64_t> q_dim{B, H, N, d}, q_stride{N * H * M * d, M * d, H * M * d, 1};
-    const std::vector<std::int64_t> k_dim{B, G, N, d}, k_stride{N * G * M * d, M * d, G * M * d, 1};
-    const std::vector<std::int64_t> v_dim{B, G, N, dv}, v_stride{N * G * dv, dv, G * dv, 1};
-    const std::vector<std::int64_t> o_dim{B, H, N, dv}, o_stride{N * H * dv, dv, H * dv, 1};
-    // The dense forward writes map m's statistics into lse [B, H, Maps, N]; the
-    // dense backward reads them packed [B, H, N] (cuDNN before 9.26 takes no
-    // other layout there), copied out by cudnn_attention_backward; a ragged
-    // graph reads and writes [total, H] rows.
-    const std::vector<std::int64_t> stats_dim{B, H, N, 1},
-        stats_stride = key.ragged     ? std::vector<std::int64_t>{N * H, 1, H, 1}
-                       : key.backward ? std::vector<std::int64_t>{H * N, N, 1, 1}
-                                      : std::vector<std::int64_t>{H * M * N, M * N, 1, 1};
-    auto q = tensor("Q", q_uid, q_dim, q_stride), k = tensor("K", k_uid, k_dim, k_stride),
-         v = tensor("V", v_uid, v_dim, v_stride);
-    // A ragged graph's lengths and offsets (cudnn_ragged_batch), and which tensor takes which offsets.
-    std::shared_ptr<fe::graph::Tensor_attributes> seq_len_q, seq_len_kv, offsets[ragged_tensor_count];
-    auto index_tensor = [&](const char* name, cudnn_uid uid, std::int64_t n, fe::DataType_t type) {
-      auto t = tensor(name, uid, {n, 1, 1, 1}, {1, 1, 1, 1});
-      t->set_data_type(type);
-      return t;
-    };
-    auto set_ragged = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, ragged_tensor which) {
-      if (key.ragged) t->set_ragged_offset(offsets[which]);
-    };
-    if (key.ragged) {
-      seq_len_q = index_tensor("seq_len_q", seq_len_q_uid, B, fe::DataType_t::INT32);
-      seq_len_kv = index_tensor("seq_len_kv", seq_len_kv_uid, B, fe::DataType_t::INT32);
-      offsets[ragged_q] = index_tensor("q_offsets", q_offsets_uid, B + 1, fe::DataType_t::INT64);
-      offsets[ragged_k] = index_tensor("k_offsets", k_offsets_uid, B + 1, fe::DataType_t::INT64);
-      offsets[ragged_v] = index_tensor("v_offsets", v_offsets_uid, B + 1, fe::DataType_t::INT64);
-      offsets[ragged_o] = index_tensor("o_offsets", o_offsets_uid, B + 1, fe::DataType_t::INT64);
-      offsets[ragged_stats] = index_tensor("stats_offsets", stats_offsets_uid, B + 1, fe::DataType_t::INT64);
-      set_ragged(q, ragged_q);
-      set_ragged(k, ragged_k);
-      set_ragged(v, ragged_v);
-    }
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    if (!key.backward) {
-      auto options = fe::graph::SDPA_attributes()
-                         .set_name("difftx attention map")
-                         .set_generate_stats(true)
-                         .set_attn_scale(scale)
-                         .set_causal_mask(key.causal);
-      if (key.ragged)
-        options.set_padding_mask(true)
-            .set_seq_len_q(seq_len_q)
-            .set_seq_len_kv(seq_len_kv)
-            .set_max_total_seq_len_q(key.token_capacity)
-            .set_max_total_seq_len_kv(key.token_capacity);
-      auto [o, stats] = graph->sdpa(q, k, v, options);
-      o->set_output(true).set_uid(o_uid).set_dim(o_dim).set_stride(o_stride);
-      stats->set_output(true).set_uid(stats_uid).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim).set_stride(
-          stats_stride);
-      set_ragged(o, ragged_o);
-      set_ragged(stats, ragged_stats);
-    } else {
-      auto o = tensor("O", o_uid, o_dim, o_stride), d_o = tensor("dO", d_o_uid, o_dim, o_stride);
-      auto stats = tensor("Stats", stats_uid, stats_dim, stats_stride);
-      stats->set_data_type(fe::DataType_t::FLOAT);
-      set_ragged(o, ragged_o);
-      set_ragged(d_o, ragged_o);
-      set_ragged(stats, ragged_stats);
-      auto options = fe::graph::SDPA_backward_attributes()
-                         .set_name("difftx attention map backward")
-                         .set_attn_scale(scale)
-                         .set_causal_mask(key.causal);
-      if (key.ragged)  // the token capacity sizes cuDNN's scratch by tokens, not sequences x padded length
-        options.set_padding_mask(true)
-            .set_seq_len_q(seq_len_q)
-            .set_seq_len_kv(seq_len_kv)
-            .set_max_total_seq_len_q(key.token_capacity)
-            .set_max_total_seq_len_kv(key.token_capacity);
-      auto [dq, dk, dv_out] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
-      dq->set_output(true).set_uid(dq_uid).set_dim(q_dim).set_stride(q_stride);
-      dk->set_output(true).set_uid(dk_uid).set_dim(k_dim).set_stride(k_stride);
-      dv_out->set_output(true).set_uid(dv_uid).set_dim(v_dim).set_stride(v_stride);
-      set_ragged(dq, ragged_q);
-      set_ragged(dk, ragged_k);
-      set_ragged(dv_out, ragged_v);
-    }
-    auto built = std::make_shared<cudnn_attention_graph>();
-    if (const fe::error_t status = graph->build(state.handle, {fe::HeurMode_t::A}); !refused(status)) {
-      DIFFTX_CUDA_CHECK(status);
-      built->graph = std::move(graph);
-      DIFFTX_CUDA_CHECK(built->graph->get_workspace_size(built->workspace_bytes));
-    }
-    return std::shared_ptr<const cudnn_attention_graph>(std::move(built));
-  });
 }
 
 // Runs a graph on `pointers`, plus a ragged graph's lengths and offsets.

@@ -155,10 +155,11 @@ struct avx512_bf16_pairs_of {
   // out[t] = Σ_c x[c] · R(t, c) for rows ≤ dot_rows rows of depth k (row t at
   // first + t·stride): one row after the other, 256 values at a time into
   // eight partial sums, the depth's end masked (a zero completes an odd last
-  // pair). Rows stored one after the other are then one sequential stream.
-  // On Zen 4, with 2 threads on huge pages, this read 96-97% of a plain
-  // sequential read's rate; eight rows side by side 76-77%, four partial
-  // sums 86-90%, sixteen 80-83% (beside acc they no longer fit the registers).
+  // pair). Rows stored one after the other are then one sequential stream,
+  // which reads closest to a plain sequential read: rows side by side are
+  // several streams at once, fewer partial sums leave the instruction's
+  // latency exposed, and more no longer fit the registers beside acc
+  // (docs/benchmarks.md, "A 1B DiffLlama checkpoint", has the rates).
   static constexpr index_t dot_rows = 16;
   [[gnu::target("avx512f,avx512bw,avx512bf16")]] static void row_dots(const Eigen::bfloat16* x,
                                                                       const Eigen::bfloat16* first, index_t stride,
