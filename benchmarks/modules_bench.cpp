@@ -376,6 +376,48 @@ void register_bf16_products() {
 #endif
 }
 
+// Linear's products on each matrix library (policy::simd::matmuls: difftx's
+// own, oneDNN's matmul where built) at a square size and at a 375M model's
+// prefill shapes (512 tokens: C 1024 -> F 4096 and back), forward (y = x·wᵀ)
+// and backward (dx = dy·w, dw += dyᵀ·x).
+template <class T>
+void register_linear_libraries(const std::string& dtype) {
+  using library = policy::simd::matmul_library;
+  for (const auto matmuls : {library::difftx, library::onednn}) {
+#if !defined(DIFFTX_ONEDNN)
+    if (matmuls == library::onednn) continue;
+#endif
+    const std::string name = matmuls == library::onednn ? "onednn" : "difftx";
+    for (const auto& [M, N, K] : {std::array<index_t, 3>{2048, 2048, 2048}, {512, 4096, 1024}, {512, 1024, 4096}})
+      for (const bool backward : {false, true})
+        benchmark::RegisterBenchmark(("op:linear/simd/" + dtype + "/" + name + (backward ? "/backward/" : "/forward/") +
+                                      std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K))
+                                         .c_str(),
+                                     [=](benchmark::State& state) {
+                                       policy::simd p;
+                                       p.matmuls = matmuls;
+                                       const auto x = random_input<T>(M, 1, 1, K);
+                                       const auto w = random_input<T>(N, 3, 1, K);
+                                       Tensor<T, 3> y({1, M, N}), dx(x.shape()), dw(w.shape());
+                                       for (auto _ : state) {
+                                         if (backward)
+                                           linear_backward(p, flatten_rows(x.const_view()), flatten_rows(w.const_view()),
+                                                           flatten_rows(y.const_view()), flatten_rows(dx.view()),
+                                                           flatten_rows(dw.view()));
+                                         else
+                                           linear_forward(p, flatten_rows(x.const_view()), flatten_rows(w.const_view()),
+                                                          flatten_rows(y.view()));
+                                         benchmark::ClobberMemory();
+                                       }
+                                       set_counters(state, backward ? fl::linear_backward(M, N, K)
+                                                                    : fl::linear_forward(M, N, K),
+                                                    static_cast<double>(M));
+                                     })
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+  }
+}
+
 // The machine's read bandwidth: a 1 GiB tensor (far past every cache) read
 // by OMP_NUM_THREADS threads as simd_detail::read_through reads (one
 // sequential stream per thread), on the pages a model's weights get (huge
@@ -410,6 +452,8 @@ int main(int argc, char** argv) {
   register_token_ops<float, policy::simd>("simd", "float32", {2048});
   register_token_ops<Eigen::bfloat16, policy::simd>("simd", "bfloat16", {2048});
   register_bf16_products();
+  register_linear_libraries<float>("float32");
+  register_linear_libraries<Eigen::bfloat16>("bfloat16");
   register_token_ops<float, policy::reference>("reference", "float32", {256});
   register_attention_op<2, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});
   register_attention_op<1, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});

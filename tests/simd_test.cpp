@@ -79,7 +79,7 @@ TEST_CASE("simd: RMSNorm and SwiGLU") {
 // the reference in long double on the same values; float and double through
 // Eigen's blocks and decoding's streamed rows.
 template <class T>
-void check_reduced_linear(index_t M, index_t N, index_t K) {
+void check_reduced_linear(index_t M, index_t N, index_t K, const policy::simd& fast = policy::simd{2}) {
   using L = long double;
   const auto x = test_support::random_tensor<T, 2>({M, K}, 11), w = test_support::random_tensor<T, 2>({N, K}, 12),
              dy = test_support::random_tensor<T, 2>({M, N}, 13), start = test_support::random_tensor<T, 2>({M, K}, 14),
@@ -88,7 +88,6 @@ void check_reduced_linear(index_t M, index_t N, index_t K) {
   Tensor<T, 2> y({M, N}), dx = start, dx_added = start, dw = dw0, dw_added = dw0;
   Tensor<L, 2> y_ref({M, N}), dx_ref({M, K}), dx_added_ref = test_support::convert<L>(start), dw_ref = test_support::convert<L>(dw0),
                             dw_added_ref = dw_ref;
-  const policy::simd fast{2};
   linear_forward(fast, x.const_view(), w.const_view(), y.view());
   linear_backward(fast, x.const_view(), w.const_view(), dy.const_view(), dx.view(), dw.view());
   linear_backward(fast, x.const_view(), w.const_view(), dy.const_view(), dx_added.view(), dw_added.view(), write_mode::add);
@@ -98,7 +97,8 @@ void check_reduced_linear(index_t M, index_t N, index_t K) {
   linear_backward(ref, xl.const_view(), wl.const_view(), dyl.const_view(), dx_added_ref.view(), dw_added_ref.view(),
                   write_mode::add);
   const double bar = testing::tolerance<T>::forward;
-  INFO(scalar_traits<T>::name << " M=" << M << " N=" << N << " K=" << K);
+  INFO(scalar_traits<T>::name << " M=" << M << " N=" << N << " K=" << K << " matmuls "
+                              << (fast.matmuls == policy::simd::matmul_library::onednn ? "onednn" : "not forced"));
   CHECK(testing::normwise_difference(y.data(), y_ref.data(), y.size()) <= bar);
   CHECK(testing::normwise_difference(dx.data(), dx_ref.data(), dx.size()) <= bar);
   CHECK(testing::normwise_difference(dx_added.data(), dx_added_ref.data(), dx.size()) <= bar);
@@ -124,6 +124,28 @@ TEST_CASE("simd: float and double linear, decoding's streamed rows among them") 
     check_reduced_linear<float>(M, N, K);
     check_reduced_linear<double>(M, N, K);
   }
+}
+
+// Each library forced: oneDNN's matmul (where built; float16 where the CPU has
+// AVX512_FP16, else difftx's product) and difftx's own, rows past decoding's.
+TEST_CASE("simd: linear on oneDNN's matmul and on difftx's own products") {
+  using library = policy::simd::matmul_library;
+  for (const auto matmuls : {library::difftx, library::onednn})
+    for (auto [M, N, K] : {std::array<index_t, 3>{133, 261, 530}, {67, 17, 1030}, {5, 3, 2}, {64, 128, 96}}) {
+      policy::simd p{2};
+      p.matmuls = matmuls;
+      check_reduced_linear<float>(M, N, K, p);
+      check_reduced_linear<Eigen::bfloat16>(M, N, K, p);
+      check_reduced_linear<Eigen::half>(M, N, K, p);
+    }
+#if defined(DIFFTX_ONEDNN)
+  const policy::simd forced{.matmuls = library::onednn};
+  MESSAGE("oneDNN's kernels here: float32 " << simd_detail::onednn_product_name<float>(forced) << ", bfloat16 "
+                                            << simd_detail::onednn_product_name<Eigen::bfloat16>(forced)
+                                            << ", float16 " << simd_detail::onednn_product_name<Eigen::half>(forced));
+#else
+  MESSAGE("built without oneDNN: matmuls = onednn ran difftx's own products");
+#endif
 }
 
 // Decoding panels (ops/decoding_panels.hpp): the reference reads them in

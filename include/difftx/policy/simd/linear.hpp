@@ -3,7 +3,8 @@
 // one thread inside a parallel region); decoding's few rows of x stream w
 // instead (streamed_dot), or w's decoding panels into partial sums of y
 // (panel_gemv). float16/bfloat16 products go to reduced_gemm (gemm.hpp),
-// which converts while it packs.
+// which converts while it packs. Products of many rows go to oneDNN's matmul
+// where the policy takes it (linear_onednn.hpp).
 #pragma once
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "difftx/ops/linear.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm.hpp"
+#include "difftx/policy/simd/linear_onednn.hpp"
 
 namespace difftx {
 
@@ -167,6 +169,7 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, TensorV
   constexpr std::string_view where = "linear_forward";
   detail::check_linear(where, memory_space::host, x, w, y, "y");
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
+  if (onednn_linear_forward(p, x, w, y)) return;
   if constexpr (!std::is_same_v<T, A>) {
     reduced_gemm<a_storage::rows, b_storage::columns>(p, M, N, K, x.data(), K, w.data(), K, y.data(), N, false);
   } else if (M <= gemv_max_rows) {  // decoding
@@ -201,24 +204,34 @@ void linear_backward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, cview<
   detail::check_linear_backward(where, memory_space::host, x, w, dy, dx, dw);
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
   const bool dx_add = dx_mode == write_mode::add;
-  if constexpr (!std::is_same_v<T, A>) {
-    reduced_gemm<a_storage::rows, b_storage::rows>(p, M, K, N, dy.data(), N, w.data(), K, dx.data(), K, dx_add);
-    reduced_gemm<a_storage::columns, b_storage::rows>(p, N, K, M, dy.data(), N, x.data(), K, dw.data(), K, true);
-  } else {
-    const int threads = thread_count(p);
-    const const_matrix_map<A> X(x.data(), M, K), W(w.data(), N, K), DY(dy.data(), M, N);
-    matrix_map<A> DX(dx.data(), M, K), DW(dw.data(), N, K);
-    parallel_blocks(M, K, threads, [&](index_t r0, index_t r1, index_t c0, index_t c1) {
-      auto block = DX.block(r0, c0, r1 - r0, c1 - c0);
-      const auto product = DY.middleRows(r0, r1 - r0) * W.middleCols(c0, c1 - c0);
-      if (dx_add)
-        block.noalias() += product;
-      else
-        block.noalias() = product;
-    });
-    parallel_blocks(N, K, threads, [&](index_t r0, index_t r1, index_t c0, index_t c1) {
-      DW.block(r0, c0, r1 - r0, c1 - c0).noalias() += DY.middleCols(r0, r1 - r0).transpose() * X.middleCols(c0, c1 - c0);
-    });
+  const int threads = thread_count(p);
+  if (!onednn_input_gradient(p, w, dy, dx, dx_add)) {
+    if constexpr (!std::is_same_v<T, A>) {
+      reduced_gemm<a_storage::rows, b_storage::rows>(p, M, K, N, dy.data(), N, w.data(), K, dx.data(), K, dx_add);
+    } else {
+      const const_matrix_map<A> W(w.data(), N, K), DY(dy.data(), M, N);
+      matrix_map<A> DX(dx.data(), M, K);
+      parallel_blocks(M, K, threads, [&](index_t r0, index_t r1, index_t c0, index_t c1) {
+        auto block = DX.block(r0, c0, r1 - r0, c1 - c0);
+        const auto product = DY.middleRows(r0, r1 - r0) * W.middleCols(c0, c1 - c0);
+        if (dx_add)
+          block.noalias() += product;
+        else
+          block.noalias() = product;
+      });
+    }
+  }
+  if (!onednn_weight_gradient(p, x, dy, dw)) {
+    if constexpr (!std::is_same_v<T, A>) {
+      reduced_gemm<a_storage::columns, b_storage::rows>(p, N, K, M, dy.data(), N, x.data(), K, dw.data(), K, true);
+    } else {
+      const const_matrix_map<A> X(x.data(), M, K), DY(dy.data(), M, N);
+      matrix_map<A> DW(dw.data(), N, K);
+      parallel_blocks(N, K, threads, [&](index_t r0, index_t r1, index_t c0, index_t c1) {
+        DW.block(r0, c0, r1 - r0, c1 - c0).noalias() +=
+            DY.middleCols(r0, r1 - r0).transpose() * X.middleCols(c0, c1 - c0);
+      });
+    }
   }
 }
 

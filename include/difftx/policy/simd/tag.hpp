@@ -46,6 +46,13 @@ struct simd {
   // key/value caches and int8 weights.
   static constexpr bool low_bit = true;
   memory_resource& memory() const noexcept { return host_memory(); }
+  // Who multiplies the matrices of a product of many rows (prefill, training):
+  // automatic takes oneDNN's matmul where the build has it (DIFFTX_ONEDNN) and
+  // it was measured faster on this CPU for the type (docs/design.md, "oneDNN"),
+  // difftx and onednn force a side for comparisons (onednn falls back to
+  // difftx's where oneDNN has no kernel, e.g. float16 without AVX512_FP16).
+  enum class matmul_library { automatic, difftx, onednn };
+  matmul_library matmuls = matmul_library::automatic;
 };
 
 }  // namespace difftx::policy

@@ -1,0 +1,146 @@
+// oneDNN's matmul (the library PyTorch's CPU matrix products run on; AMX,
+// AVX512_BF16 and AVX-512 kernels chosen at run time) for policy::simd's
+// products of many rows: C[M, N] (=|+=) A[M, K] · B[K, N] in float, bfloat16 or
+// float16, sums in float and one rounding into C. Compiled where the build
+// defines DIFFTX_ONEDNN (CMake target difftx::onednn); docs/design.md, "oneDNN".
+//
+// Primitives are created once per shape, layout, type and thread count and
+// kept (at most primitive_cache_capacity; past that the cache starts over), as
+// cuBLASLt plans are on the GPU. A type oneDNN has no kernel for on this CPU
+// (float16 without AVX512_FP16) is remembered as such and the caller computes
+// the product itself.
+#pragma once
+
+#if defined(DIFFTX_ONEDNN)
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "difftx/policy/simd/common.hpp"
+
+namespace difftx::simd_detail {
+
+// One operand: its first element and the strides of its two axes, in elements.
+struct matmul_operand {
+  const void* data;
+  index_t row_stride, column_stride;
+};
+
+template <class T>
+constexpr dnnl::memory::data_type onednn_type() {
+  if constexpr (std::is_same_v<T, float>) return dnnl::memory::data_type::f32;
+  else if constexpr (std::is_same_v<T, Eigen::bfloat16>) return dnnl::memory::data_type::bf16;
+  else if constexpr (std::is_same_v<T, Eigen::half>) return dnnl::memory::data_type::f16;
+  else return dnnl::memory::data_type::undef;
+}
+template <class T>
+constexpr bool onednn_computes = onednn_type<T>() != dnnl::memory::data_type::undef;
+
+class onednn_matmuls {
+ public:
+  static constexpr std::size_t primitive_cache_capacity = 256;
+
+  static onednn_matmuls& instance() {
+    static onednn_matmuls matmuls;
+    return matmuls;
+  }
+
+  // C (=|+=) A · B on `threads` threads; false (nothing written) where oneDNN
+  // has no kernel for the type on this CPU.
+  bool run(dnnl::memory::data_type type, index_t M, index_t N, index_t K, const matmul_operand& a,
+           const matmul_operand& b, void* c, index_t ldc, bool accumulate, int threads) {
+    const key k{type, M, N, K, a.row_stride, a.column_stride, b.row_stride, b.column_stride, ldc, accumulate, threads};
+    const thread_count_scope scope(threads);
+    const auto primitive = find_or_create(k);
+    if (!primitive) return false;
+    dnnl::stream stream(engine_);
+    dnnl::memory a_memory(descriptor(type, M, K, a.row_stride, a.column_stride), engine_, const_cast<void*>(a.data));
+    dnnl::memory b_memory(descriptor(type, K, N, b.row_stride, b.column_stride), engine_, const_cast<void*>(b.data));
+    dnnl::memory c_memory(descriptor(type, M, N, ldc, 1), engine_, c);
+    primitive->execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
+    stream.wait();
+    return true;
+  }
+
+  // The kernel oneDNN picks for a product of the type on this CPU
+  // ("brg:avx512_core_amx", "gemm:jit", ...), "" where it has none.
+  std::string implementation(dnnl::memory::data_type type, int threads) {
+    const thread_count_scope scope(threads);
+    const auto primitive = find_or_create({type, 256, 256, 256, 256, 1, 256, 1, 256, false, threads});
+    if (!primitive) return "";
+    return dnnl::matmul::primitive_desc(primitive->get_primitive_desc()).impl_info_str();
+  }
+
+ private:
+  using key = std::tuple<dnnl::memory::data_type, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t,
+                         bool, int>;
+
+  // oneDNN's OpenMP kernels take the team size from omp_get_max_threads(): the
+  // policy's count for this call, the caller's setting back after it.
+  struct thread_count_scope {
+    explicit thread_count_scope([[maybe_unused]] int threads) {
+#if defined(_OPENMP)
+      previous = omp_get_max_threads();
+      omp_set_num_threads(threads);
+#endif
+    }
+    ~thread_count_scope() {
+#if defined(_OPENMP)
+      omp_set_num_threads(previous);
+#endif
+    }
+    thread_count_scope(const thread_count_scope&) = delete;
+    thread_count_scope& operator=(const thread_count_scope&) = delete;
+    int previous = 1;
+  };
+
+  onednn_matmuls() : engine_(dnnl::engine::kind::cpu, 0) {}
+
+  static dnnl::memory::desc descriptor(dnnl::memory::data_type type, index_t rows, index_t cols, index_t row_stride,
+                                       index_t column_stride) {
+    return dnnl::memory::desc({rows, cols}, type, dnnl::memory::dims{row_stride, column_stride});
+  }
+
+  // The primitive for k (a handle: copies share it), none where oneDNN has no kernel.
+  std::optional<dnnl::matmul> find_or_create(const key& k) {
+    const std::lock_guard lock(mutex_);
+    if (const auto it = primitives_.find(k); it != primitives_.end()) return it->second;
+    if (primitives_.size() >= primitive_cache_capacity) primitives_.clear();
+    const auto& [type, M, N, K, a_rows, a_cols, b_rows, b_cols, ldc, accumulate, threads] = k;
+    std::optional<dnnl::matmul> made;
+    try {
+      dnnl::primitive_attr attr;
+      if (accumulate) {
+        dnnl::post_ops sum;
+        sum.append_sum(1.0f);
+        attr.set_post_ops(sum);
+      }
+      const auto a = descriptor(type, M, K, a_rows, a_cols), b = descriptor(type, K, N, b_rows, b_cols),
+                 c = descriptor(type, M, N, ldc, 1);
+#if DNNL_VERSION_MAJOR >= 3
+      made.emplace(dnnl::matmul::primitive_desc(engine_, a, b, c, attr));
+#else
+      made.emplace(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine_));
+#endif
+    } catch (const dnnl::error&) {
+      made.reset();  // no kernel for this type here: the caller's own product
+    }
+    primitives_.emplace(k, made);
+    return made;
+  }
+
+  dnnl::engine engine_;
+  std::mutex mutex_;
+  std::map<key, std::optional<dnnl::matmul>> primitives_;
+};
+
+}  // namespace difftx::simd_detail
+
+#endif  // DIFFTX_ONEDNN
