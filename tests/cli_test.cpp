@@ -446,9 +446,10 @@ TEST_CASE("cli: bench prints medians, tokens/s and GFLOP/s, and --json the promi
 }
 
 TEST_CASE("cli: bench names the path of bfloat16 products, and --bf16-product chooses it") {
-  auto detail = [](const std::string& dtype, const std::string& product) {
+  // On difftx's own products (--matmul difftx): where oneDNN takes them, its kernel is named instead (below).
+  auto detail = [](const std::string& dtype, const std::string& product, const std::string& matmul = "difftx") {
     const auto r = difftx_cli("bench --module swiglu --batch 1 --seq 8 --d-model 16 --json --repeats 1 --policy simd "
-                              "--dtype " + dtype + " --bf16-product " + product);
+                              "--dtype " + dtype + " --bf16-product " + product + " --matmul " + matmul);
     REQUIRE(r.code == 0);
     return nlohmann::json::parse(r.out).at("policy_detail").get<std::string>();
   };
@@ -463,6 +464,14 @@ TEST_CASE("cli: bench names the path of bfloat16 products, and --bf16-product ch
   CHECK(float_detail.find("converting") == std::string::npos);
   CHECK(float_detail.find("vdpbf16ps") == std::string::npos);
   expect_usage_error("bench --module swiglu --batch 1 --seq 8 --d-model 16 --bf16-product fast", {"--bf16-product", "fast"});
+  // --matmul onednn: oneDNN's kernel named where this build has it, difftx's path otherwise.
+#if defined(DIFFTX_ONEDNN)
+  CHECK(detail("float32", "automatic", "onednn").find("onednn ") != std::string::npos);
+  CHECK(detail("bfloat16", "automatic", "onednn").find("onednn ") != std::string::npos);
+#else
+  CHECK(detail("float32", "automatic", "onednn").find("onednn") == std::string::npos);
+#endif
+  expect_usage_error("bench --module swiglu --batch 1 --seq 8 --d-model 16 --matmul mkl", {"--matmul", "mkl"});
 }
 
 TEST_CASE("cli: bench counts FLOPs as documented (checked by hand on small shapes)") {

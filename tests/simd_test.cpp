@@ -140,9 +140,9 @@ TEST_CASE("simd: linear on oneDNN's matmul and on difftx's own products") {
     }
 #if defined(DIFFTX_ONEDNN)
   const policy::simd forced{.matmuls = library::onednn};
-  MESSAGE("oneDNN's kernels here: float32 " << simd_detail::onednn_product_name<float>(forced) << ", bfloat16 "
-                                            << simd_detail::onednn_product_name<Eigen::bfloat16>(forced)
-                                            << ", float16 " << simd_detail::onednn_product_name<Eigen::half>(forced));
+  MESSAGE("oneDNN's kernels here: float32 " << forced.matmul_kernel<float>() << ", bfloat16 "
+                                            << forced.matmul_kernel<Eigen::bfloat16>() << ", float16 "
+                                            << forced.matmul_kernel<Eigen::half>());
 #else
   MESSAGE("built without oneDNN: matmuls = onednn ran difftx's own products");
 #endif

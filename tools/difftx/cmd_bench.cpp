@@ -36,6 +36,7 @@ struct bench_options {
   index_t context = 0;
   int repeats = 10, threads = 0;
   std::string bf16_product = "automatic";  // module_spec::bf16_product
+  std::string matmuls = "automatic";       // module_spec::matmuls
   std::string cuda_attention = module_spec{}.cuda_attention;
   std::string model;  // --model: a language model's prefill and decode instead
   index_t new_tokens = 32;
@@ -97,7 +98,8 @@ double median_ms(const runner& module, int repeats, const std::function<void()>&
 module_spec bench_spec(const bench_options& o) {
   module_spec s{.kind = o.module, .d_model = o.d_model, .heads = o.heads, .kv_heads = o.kv_heads,
                 .head_dim = o.head_dim, .ffn_dim = o.ffn_dim, .causal = !o.no_causal, .differential = !o.baseline,
-                .threads = o.threads, .bf16_product = o.bf16_product, .cuda_attention = o.cuda_attention,
+                .threads = o.threads, .bf16_product = o.bf16_product, .matmuls = o.matmuls,
+                .cuda_attention = o.cuda_attention,
                 .logit_bits = o.logit_bits, .qk_dtype = storage_of(o.qk_dtype)};
   if (o.baseline && !is_v2(s.kind))
     throw CLI::ValidationError("--baseline", "applies to multihead_v2 and decoder_layer_v2 only (the V1 baseline is "
@@ -292,6 +294,12 @@ void add_bench_command(CLI::App& app) {
                   "later), converting and dot_instructions force one (the policy column names the one that ran)")
       ->check(CLI::IsMember({"automatic", "converting", "dot_instructions"}))
       ->capture_default_str();
+  cmd->add_option("--matmul", o->matmuls,
+                  "simd: who multiplies products of many rows (prefill, training); automatic takes oneDNN's matmul "
+                  "where this build has it and it was measured faster (float32, bfloat16), difftx and onednn force "
+                  "one (the policy column names oneDNN's kernel when it ran)")
+      ->check(CLI::IsMember({"automatic", "difftx", "onednn"}))
+      ->capture_default_str();
   cmd->add_option("--cuda-attention", o->cuda_attention,
                   "cuda: whose attention kernels run: difftx's own, or cuDNN's fused attention where it applies "
                   "(float16/bfloat16, sm_80 and newer; difftx's elsewhere) in a build with cuDNN; the policy column "
@@ -362,6 +370,7 @@ void add_bench_command(CLI::App& app) {
         throw CLI::ValidationError(storage->get_name(), "applies to --decode or --model (the decode of a cache)");
     if (!o->model.empty())
       return bench_model({.model = o->model, .dtype = o->dtype, .policies = o->policies, .bf16_product = o->bf16_product,
+                          .matmuls = o->matmuls,
                           .weights_dtype = o->weights_dtype, .kv_dtype = o->kv_dtype,
                           .flags = {.heads = heads->count() ? o->heads : 0, .kv_heads = kv_heads->count() ? o->kv_heads : 0,
                                     .threads = o->threads},

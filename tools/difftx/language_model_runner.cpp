@@ -117,7 +117,7 @@ class model_runner final : public language_model_runner {
 template <class T, class Policy>
 std::unique_ptr<language_model_runner> make_model(const language_model_spec& spec) {
   using Layer = DecoderLayer<T, dynamic, Policy>;
-  const auto policy = detail::make_policy<Policy>({.threads = spec.threads, .bf16_product = spec.bf16_product});
+  const auto policy = detail::make_policy<Policy>({.threads = spec.threads, .bf16_product = spec.bf16_product, .matmuls = spec.matmuls});
   const uninitialised_parameters loaded_next;  // load() sets every parameter
   std::vector<Layer> layers;
   layers.reserve(spec.layers.size());

@@ -35,6 +35,7 @@ struct language_model_spec {
   std::vector<DecoderLayerConfig> layers = {};
   int threads = 0;  // for a policy with threads; 0 means its default
   std::string bf16_product = "automatic";  // simd: module_spec::bf16_product
+  std::string matmuls = "automatic";       // simd: module_spec::matmuls
   // Low-bit inference (docs/semantics.md): int8 weights, quantized once as
   // they load; an int8 KV cache for prefill and decode.
   inference_dtype weights = inference_dtype::same, kv_cache = inference_dtype::same;

@@ -34,6 +34,9 @@ struct module_spec {
   // simd: the path of bfloat16 matrix products, policy::simd::bf16_products
   // by name (automatic, converting, dot_instructions).
   std::string bf16_product = "automatic";
+  // simd: who multiplies products of many rows, policy::simd::matmuls by
+  // name (automatic, difftx, onednn).
+  std::string matmuls = "automatic";
   // cuda: whose attention kernels run, policy::cuda::attention by name
   // (difftx, cudnn); the policy's default, cuDNN's where this tool was built with it.
   std::string cuda_attention{name_of(default_cuda_attention)};

@@ -47,10 +47,13 @@ int policy_threads([[maybe_unused]] const Policy& policy) {
   return 1;
 }
 
-// "vdpbf16ps" or "converting": the path a bfloat16 model's matrix products
-// take on policy (simd's bf16_products, resolved for this CPU); "" otherwise.
+// What a model's matrix products of many rows run on under policy: oneDNN's
+// kernel where it takes them (simd's matmuls), else for bfloat16 simd's path
+// ("vdpbf16ps" or "converting", bf16_products resolved for this CPU); "" otherwise.
 template <class T, class Policy>
 std::string bf16_product_of(const Policy& policy) {
+  if constexpr (requires { policy.template matmul_kernel<T>(); })
+    if (auto kernel = policy.template matmul_kernel<T>(); !kernel.empty()) return kernel;
   if constexpr (std::is_same_v<T, Eigen::bfloat16> && requires { policy.bf16_product_used(); })
     return policy.bf16_product_used() == Policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
   return "";
@@ -258,6 +261,10 @@ Policy make_policy(const module_spec& s) {
     policy.bf16_products = s.bf16_product == "converting"         ? path::converting
                            : s.bf16_product == "dot_instructions" ? path::dot_instructions
                                                                   : path::automatic;
+  }
+  if constexpr (requires { policy.matmuls; }) {
+    using library = typename Policy::matmul_library;
+    policy.matmuls = s.matmuls == "difftx" ? library::difftx : s.matmuls == "onednn" ? library::onednn : library::automatic;
   }
   return policy;
 }

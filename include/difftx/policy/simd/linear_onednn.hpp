@@ -16,17 +16,13 @@
 namespace difftx::simd_detail {
 
 #if defined(DIFFTX_ONEDNN)
-// Whether automatic takes oneDNN for T on this CPU: where its kernel for T was
-// measured faster than difftx's own product (docs/benchmarks.md, "oneDNN"):
-// bfloat16 on AMX tiles (16x AVX-512's multiply-adds a cycle). Asked once.
+// Whether automatic takes oneDNN for T: where its kernels were measured faster
+// than difftx's own products (docs/benchmarks.md, "oneDNN"): float and
+// bfloat16 on Zen 4 (brgemm on AVX-512 and AVX512_BF16) and on an AMX Xeon.
+// float16 (kernels only with AVX512_FP16) has not been measured: forced only.
 template <class T>
-bool onednn_measured_faster() {
-  static const bool faster = [] {
-    if constexpr (!std::is_same_v<T, Eigen::bfloat16>) return false;
-    const auto kernel = onednn_matmuls::instance().implementation(onednn_type<T>(), 1);
-    return kernel.find("amx") != std::string::npos;
-  }();
-  return faster;
+constexpr bool onednn_measured_faster() {
+  return std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16>;
 }
 #endif
 
@@ -44,19 +40,22 @@ bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index
   return false;
 }
 
-// "onednn <kernel>" when a product of many rows in T takes oneDNN under p
-// (the tool's policy column), "" otherwise.
+}  // namespace difftx::simd_detail
+
 template <class T>
-std::string onednn_product_name([[maybe_unused]] const policy::simd& p) {
+std::string difftx::policy::simd::matmul_kernel() const {
 #if defined(DIFFTX_ONEDNN)
-  if constexpr (onednn_computes<T>)
-    if (onednn_takes<T>(p, gemv_max_rows + 1))
-      if (const auto kernel = onednn_matmuls::instance().implementation(onednn_type<T>(), thread_count(p));
+  if constexpr (simd_detail::onednn_computes<T>)
+    if (simd_detail::onednn_takes<T>(*this, simd_detail::gemv_max_rows + 1))
+      if (const auto kernel = simd_detail::onednn_matmuls::instance().implementation(
+              simd_detail::onednn_type<T>(), simd_detail::thread_count(*this));
           !kernel.empty())
         return "onednn " + kernel;
 #endif
   return "";
 }
+
+namespace difftx::simd_detail {
 
 template <class T>
 bool onednn_linear_forward([[maybe_unused]] const policy::simd& p, [[maybe_unused]] cview<T, 2> x,

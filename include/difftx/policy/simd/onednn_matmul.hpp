@@ -58,13 +58,13 @@ class onednn_matmuls {
            const matmul_operand& b, void* c, index_t ldc, bool accumulate, int threads) {
     const key k{type, M, N, K, a.row_stride, a.column_stride, b.row_stride, b.column_stride, ldc, accumulate, threads};
     const thread_count_scope scope(threads);
-    const auto primitive = find_or_create(k);
-    if (!primitive) return false;
+    const auto made = find_or_create(k);
+    if (!made) return false;
     dnnl::stream stream(engine_);
     dnnl::memory a_memory(descriptor(type, M, K, a.row_stride, a.column_stride), engine_, const_cast<void*>(a.data));
     dnnl::memory b_memory(descriptor(type, K, N, b.row_stride, b.column_stride), engine_, const_cast<void*>(b.data));
     dnnl::memory c_memory(descriptor(type, M, N, ldc, 1), engine_, c);
-    primitive->execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
+    made->primitive.execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
     stream.wait();
     return true;
   }
@@ -73,12 +73,15 @@ class onednn_matmuls {
   // ("brg:avx512_core_amx", "gemm:jit", ...), "" where it has none.
   std::string implementation(dnnl::memory::data_type type, int threads) {
     const thread_count_scope scope(threads);
-    const auto primitive = find_or_create({type, 256, 256, 256, 256, 1, 256, 1, 256, false, threads});
-    if (!primitive) return "";
-    return dnnl::matmul::primitive_desc(primitive->get_primitive_desc()).impl_info_str();
+    const auto made = find_or_create({type, 256, 256, 256, 256, 1, 256, 1, 256, false, threads});
+    return made ? made->kernel : "";
   }
 
  private:
+  struct entry {
+    dnnl::matmul primitive;  // a handle: copies share it
+    std::string kernel;      // oneDNN's name for it
+  };
   using key = std::tuple<dnnl::memory::data_type, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t,
                          bool, int>;
 
@@ -108,13 +111,13 @@ class onednn_matmuls {
     return dnnl::memory::desc({rows, cols}, type, dnnl::memory::dims{row_stride, column_stride});
   }
 
-  // The primitive for k (a handle: copies share it), none where oneDNN has no kernel.
-  std::optional<dnnl::matmul> find_or_create(const key& k) {
+  // The primitive for k, none where oneDNN has no kernel.
+  std::optional<entry> find_or_create(const key& k) {
     const std::lock_guard lock(mutex_);
     if (const auto it = primitives_.find(k); it != primitives_.end()) return it->second;
     if (primitives_.size() >= primitive_cache_capacity) primitives_.clear();
     const auto& [type, M, N, K, a_rows, a_cols, b_rows, b_cols, ldc, accumulate, threads] = k;
-    std::optional<dnnl::matmul> made;
+    std::optional<entry> made;
     try {
       dnnl::primitive_attr attr;
       if (accumulate) {
@@ -125,10 +128,11 @@ class onednn_matmuls {
       const auto a = descriptor(type, M, K, a_rows, a_cols), b = descriptor(type, K, N, b_rows, b_cols),
                  c = descriptor(type, M, N, ldc, 1);
 #if DNNL_VERSION_MAJOR >= 3
-      made.emplace(dnnl::matmul::primitive_desc(engine_, a, b, c, attr));
+      const dnnl::matmul::primitive_desc pd(engine_, a, b, c, attr);
 #else
-      made.emplace(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine_));
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine_);
 #endif
+      made = entry{dnnl::matmul(pd), pd.impl_info_str()};
     } catch (const dnnl::error&) {
       made.reset();  // no kernel for this type here: the caller's own product
     }
@@ -138,7 +142,7 @@ class onednn_matmuls {
 
   dnnl::engine engine_;
   std::mutex mutex_;
-  std::map<key, std::optional<dnnl::matmul>> primitives_;
+  std::map<key, std::optional<entry>> primitives_;
 };
 
 }  // namespace difftx::simd_detail

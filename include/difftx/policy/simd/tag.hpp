@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 
 #include <Eigen/Core>
@@ -53,6 +54,10 @@ struct simd {
   // difftx's where oneDNN has no kernel, e.g. float16 without AVX512_FP16).
   enum class matmul_library { automatic, difftx, onednn };
   matmul_library matmuls = matmul_library::automatic;
+  // "onednn <its kernel>" where a product of many rows in T runs on oneDNN
+  // under this policy, "" where on difftx's own (defined in linear_onednn.hpp).
+  template <class T>
+  std::string matmul_kernel() const;
 };
 
 }  // namespace difftx::policy
