@@ -111,7 +111,7 @@ AttentionMaps<accum_t<T>> attention_maps_from(const shape_t<3>& saved_for, cview
 
 // MultiHead: maps = 2, weights = A_1 - lambda A_2 per head.
 template <Scalar T, index_t D, class Policy>
-AttentionMaps<accum_t<T>> attention_maps(const MultiHead<T, D, Policy>& module,
+AttentionMaps<accum_t<T>> attention_maps(const MultiHead<T, D, Policy>& attention,
                                          const typename MultiHead<T, D, Policy>::saved_type& saved, index_t batch,
                                          std::span<const index_t> rows) {
   detail::require_dense_forward(saved.attn.sequences);
@@ -119,30 +119,30 @@ AttentionMaps<accum_t<T>> attention_maps(const MultiHead<T, D, Policy>& module,
   // Read only once the saved state is known to be a forward's.
   const auto lambda = [&](index_t, index_t) { return static_cast<accum_t<T>>(saved.attn.lambda(0)); };
   return detail::attention_maps_from<T>(saved.input_shape, saved.q.view(), saved.k.view(), saved.attn.lse.view(),
-                                        lambda, module.config().causal, module.config().logit_bits, batch, rows);
+                                        lambda, attention.config().causal, attention.config().logit_bits, batch, rows);
 }
 
 // Attention (the baseline): maps = 1, weights = A per head.
 template <Scalar T, index_t D, class Policy>
-AttentionMaps<accum_t<T>> attention_maps(const Attention<T, D, Policy>& module,
+AttentionMaps<accum_t<T>> attention_maps(const Attention<T, D, Policy>& attention,
                                          const typename Attention<T, D, Policy>::saved_type& saved, index_t batch,
                                          std::span<const index_t> rows) {
   detail::require_dense_forward(saved.sequences);
   return detail::attention_maps_from<T>(saved.input_shape, saved.q.view(), saved.k.view(), saved.lse.view(),
-                                        [](index_t, index_t) { return accum_t<T>(0.0); }, module.config().causal,
-                                        module.config().logit_bits, batch, rows);
+                                        [](index_t, index_t) { return accum_t<T>(0.0); }, attention.config().causal,
+                                        attention.config().logit_bits, batch, rows);
 }
 
 // MultiHeadV2: maps = 2 per output head i (query heads 2i and 2i+1), weights =
 // A_2i - lambda A_2i+1 with each row's own lambda = sigmoid(x W_lambda^T); the
 // switched-off baseline: maps = 1.
 template <Scalar T, index_t D, class Policy>
-AttentionMaps<accum_t<T>> attention_maps(const MultiHeadV2<T, D, Policy>& module,
+AttentionMaps<accum_t<T>> attention_maps(const MultiHeadV2<T, D, Policy>& attention,
                                          const typename MultiHeadV2<T, D, Policy>::saved_type& saved, index_t batch,
                                          std::span<const index_t> rows) {
   detail::require_dense_forward(saved.sequences);
-  const index_t maps = module.config().differential ? 2 : 1;
-  const bool causal = module.config().causal;
+  const index_t maps = attention.config().differential ? 2 : 1;
+  const bool causal = attention.config().causal;
   const auto& q = saved.q;  // [B, N, maps·h, 1, D], seen as [B, N, h, maps, D]
   const auto& lse = saved.lse;
   const auto logits = saved.lambda_logits.const_view();
@@ -151,7 +151,7 @@ AttentionMaps<accum_t<T>> attention_maps(const MultiHeadV2<T, D, Policy>& module
       saved.input_shape, q.const_view().template reshape<5>({q.extent(0), q.extent(1), q.extent(2) / maps, maps, q.extent(4)}),
       saved.k.const_view(), lse.const_view().template reshape<4>({lse.extent(0), lse.extent(1) / maps, maps, lse.extent(3)}),
       [&](index_t row, index_t head) { return detail::sigmoid<T>(load(logits(batch, row, head))); },
-      causal, module.config().logit_bits, batch, rows);
+      causal, attention.config().logit_bits, batch, rows);
 }
 
 }  // namespace difftx

@@ -176,10 +176,10 @@ class Linear {
 };
 
 // Every Linear of a module (projections, SwiGLU, the LM head) with int8
-// weights from now on: module.quantize_weights().
+// weights from now on: model.quantize_weights().
 template <class Module>
-void quantize(Module& module) {
-  module.quantize_weights();
+void quantize(Module& model) {
+  model.quantize_weights();
 }
 
 }  // namespace difftx
