@@ -42,7 +42,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def plan(a):
-    """[(name, shape, kind)] in the order written."""
+    """[(name, shape, init)] in the order written."""
     C, hd, F = a.hidden, a.head_dim, a.intermediate
     out = [("model.embed_tokens.weight", (a.vocab, C), "matrix")]
     for l in range(a.layers):
@@ -139,11 +139,11 @@ def main():
     weight_map, total_bytes, total_params, t0 = {}, 0, 0, time.time()
     for fname, shard in zip(names, shards):
         data = {}
-        for name, shape, kind in shard:
-            if kind == "norm":
+        for name, shape, init in shard:
+            if init == "norm":
                 w = torch.ones(shape, dtype=dtype)
             else:
-                std = 0.1 if kind == "lambda" else 0.02
+                std = 0.1 if init == "lambda" else 0.02
                 w = torch.randn(shape, generator=gen, dtype=torch.float32).mul_(std).to(dtype)
             data[name] = w
             weight_map[name] = fname

@@ -105,26 +105,26 @@ def trimmed(path, keep):
 
 # --- module weights --------------------------------------------------------
 
-def weights(kind, dtype, C, heads=1, kv_heads=None, D=2, F=8, prefix=""):
-    """The spec's parameter names and shapes for one module (runner.hpp's kinds)."""
+def weights(module, dtype, C, heads=1, kv_heads=None, D=2, F=8, prefix=""):
+    """The spec's parameter names and shapes for one module (tools/difftx/module_kinds.hpp's kinds)."""
     g = kv_heads or heads
     t = {}
 
     def add(name, shape, scale=0.25, phase=0):
         t[prefix + name] = (dtype, shape, values(numel(shape), scale, phase + len(t)))
 
-    if kind == "rmsnorm":
+    if module == "rmsnorm":
         add("weight", [C], 1.0)
-    elif kind == "swiglu":
+    elif module == "swiglu":
         add("gate_proj.weight", [F, C])
         add("up_proj.weight", [F, C])
         add("down_proj.weight", [C, F])
-    elif kind == "attention":
+    elif module == "attention":
         add("q_proj.weight", [heads * D, C])
         add("k_proj.weight", [g * D, C])
         add("v_proj.weight", [g * D, C])
         add("out_proj.weight", [C, heads * D])
-    elif kind == "multihead":
+    elif module == "multihead":
         add("q_proj.weight", [2 * heads * D, C])
         add("k_proj.weight", [2 * g * D, C])
         add("v_proj.weight", [2 * g * D, C])
@@ -132,13 +132,13 @@ def weights(kind, dtype, C, heads=1, kv_heads=None, D=2, F=8, prefix=""):
         for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
             add(name, [D], 0.1)
         add("subln.weight", [2 * D], 1.0)
-    elif kind == "decoder_layer":
+    elif module == "decoder_layer":
         add("attn_norm.weight", [C], 1.0)
         add("ffn_norm.weight", [C], 1.0)
         t.update(weights("multihead", dtype, C, heads, kv_heads, D, F, prefix + "attn."))
         t.update(weights("swiglu", dtype, C, heads, kv_heads, D, F, prefix + "ffn."))
     else:
-        raise ValueError(kind)
+        raise ValueError(module)
     return t
 
 

@@ -39,13 +39,13 @@ CASES = [
 ]
 
 
-def logits_of(kind, V, gen):
-    if kind == "ties":
+def logits_of(profile, V, gen):
+    if profile == "ties":
         x = torch.randint(0, 6, (V,), generator=gen).to(torch.float64)
-    elif kind == "peaked":
+    elif profile == "peaked":
         x = torch.randn(V, generator=gen, dtype=torch.float64)
         x[V // 3] = 12.0
-    elif kind == "flat":
+    elif profile == "flat":
         x = 0.1 * torch.randn(V, generator=gen, dtype=torch.float64)
     else:
         x = 2.0 * torch.randn(V, generator=gen, dtype=torch.float64)

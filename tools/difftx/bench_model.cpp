@@ -74,11 +74,10 @@ void bench_model(const model_bench_options& o) {
 
   // Every layer over the prompt, and the head at its last token only (the prefill generate runs).
   double prefill_flops = difftx_bench::linear_forward(1, double(spec.model.vocab_size), double(spec.model.d_model));
-  for (const auto& layer : spec.layers) {
-    const auto& at = layer.attention;
-    prefill_flops += difftx_bench::decoder_forward(1, double(o.prompt_tokens), double(at.d_model), double(at.heads),
-                                                   double(at.kv_heads), double(at.head_dim), double(layer.ffn_dim),
-                                                   at.causal);
+  for (const auto& layer : spec.layers) {  // each a decoder_layer of the kinds' table
+    const module_spec as_kind{.kind = &module_kind_named("decoder_layer"), .attention = attention_heads(layer.attention),
+                              .ffn_dim = layer.ffn_dim};
+    prefill_flops += count_flops(as_kind, 1, o.prompt_tokens).forward;
   }
 
   std::vector<model_timing> rows;

@@ -16,10 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include <difftx/core/random.hpp>
-#include <difftx/modules/swiglu.hpp>
 
 #include "commands.hpp"
-#include "flops.hpp"
 #include "model_source.hpp"
 #include "runner.hpp"
 
@@ -45,46 +43,6 @@ struct bench_options {
   std::string qk_dtype = "same";
 };
 
-struct flop_count {
-  double forward = 0, backward = 0;
-};
-
-// FLOPs of one forward and of one backward of the module on x [B, N, C], as
-// the benchmark suite counts them (benchmarks/flops.hpp): matrix products only,
-// 2·M·N·K each (a projection's backward twice its forward: dX and dW);
-// attention per head over the (query, key) pairs a kernel must visit (N(N+1)/2
-// causal, N² otherwise), per pair and map 2d + 2dv forward (Q·Kᵀ, P·V) and per
-// pair 4dv + maps·4d backward (dV, dP; dQ, dK), not counting the scores the
-// backward recomputes. RMSNorm, RoPE, softmax, the SwiGLU gate and residual adds
-// are not counted, so rmsnorm counts none.
-flop_count count_flops(const module_spec& s, index_t batch, index_t seq) {
-  const double b = static_cast<double>(batch), n = static_cast<double>(seq), c = static_cast<double>(s.d_model);
-  const double h = static_cast<double>(s.heads), g = static_cast<double>(s.kv_heads), d = static_cast<double>(s.head_dim);
-  const double f = static_cast<double>(s.ffn_dim);
-  if (s.kind == "multihead")
-    return {difftx_bench::multihead_forward(b, n, c, h, g, d, s.causal), difftx_bench::multihead_backward(b, n, c, h, g, d, s.causal)};
-  if (s.kind == "attention")
-    return {difftx_bench::baseline_forward(b, n, c, h, g, d, s.causal), difftx_bench::baseline_backward(b, n, c, h, g, d, s.causal)};
-  if (s.kind == "decoder_layer")
-    return {difftx_bench::decoder_forward(b, n, c, h, g, d, f, s.causal),
-            difftx_bench::decoder_backward(b, n, c, h, g, d, f, s.causal)};
-  if (is_v2(s.kind)) {
-    // The V2 baseline is the standard attention with h heads (o_proj from hD); the head combination
-    // a_2i - lambda a_2i+1 is elementwise, not counted.
-    flop_count count = s.differential ? flop_count{difftx_bench::multihead_v2_forward(b, n, c, h, g, d, s.causal),
-                                                   difftx_bench::multihead_v2_backward(b, n, c, h, g, d, s.causal)}
-                                      : flop_count{difftx_bench::baseline_forward(b, n, c, h, g, d, s.causal),
-                                                   difftx_bench::baseline_backward(b, n, c, h, g, d, s.causal)};
-    if (s.kind == "decoder_layer_v2") {
-      count.forward += 3 * difftx_bench::linear_forward(b * n, f, c);
-      count.backward += 3 * difftx_bench::linear_backward(b * n, f, c);
-    }
-    return count;
-  }
-  if (s.kind == "swiglu") return {3 * difftx_bench::linear_forward(b * n, f, c), 3 * difftx_bench::linear_backward(b * n, f, c)};
-  return {};
-}
-
 // Median milliseconds of `repeats` timed calls of f on the module's policy,
 // after one untimed warm-up call (which also allocates what later calls reuse).
 double median_ms(const runner& module, int repeats, const std::function<void()>& f) {
@@ -95,38 +53,22 @@ double median_ms(const runner& module, int repeats, const std::function<void()>&
   return (ms[(ms.size() - 1) / 2] + ms[ms.size() / 2]) / 2;
 }
 
+// The spec the flags give, with the default sizes (module_kinds.hpp), checked
+// by the module's own check: every usage error before any work.
 module_spec bench_spec(const bench_options& o) {
-  module_spec s{.kind = o.module, .d_model = o.d_model, .heads = o.heads, .kv_heads = o.kv_heads,
-                .head_dim = o.head_dim, .ffn_dim = o.ffn_dim, .causal = !o.no_causal, .differential = !o.baseline,
-                .threads = o.threads, .bf16_product = o.bf16_product, .matmuls = o.matmuls,
-                .cuda_attention = o.cuda_attention,
-                .logit_bits = o.logit_bits, .qk_dtype = storage_of(o.qk_dtype)};
-  if (o.baseline && !is_v2(s.kind))
+  const module_kind& kind = *find_module_kind(o.module);  // --module takes only the table's names
+  if (o.baseline && !kind.v2())
     throw CLI::ValidationError("--baseline", "applies to multihead_v2 and decoder_layer_v2 only (the V1 baseline is "
                                              "--module attention with 2h heads)");
-  if (s.kind == "swiglu" || s.kind == "decoder_layer" || s.kind == "decoder_layer_v2")
-    s.ffn_dim = o.ffn_dim ? o.ffn_dim : default_ffn_dim(o.d_model);
-  if (!uses_head_dim(s.kind)) return s;
-  if (o.heads == 0) throw CLI::RequiredError("--heads (for --module " + o.module + ")");
-  if (s.kv_heads == 0) s.kv_heads = s.heads;
-  // V2: g divides the query heads (2h; the baseline's h), and D defaults to C / h (o_proj [C, hD] square).
-  const index_t query_heads = is_v2(s.kind) && s.differential ? 2 * s.heads : s.heads;
-  if (query_heads % s.kv_heads != 0)
-    throw CLI::ValidationError("--kv-heads", "must divide " + (query_heads == s.heads
-                                                                   ? "--heads " + std::to_string(s.heads)
-                                                                   : "the " + std::to_string(query_heads) +
-                                                                         " query heads (2 x --heads)"));
-  const index_t width = is_differential(s.kind) ? 2 * s.heads : s.heads;  // q_proj rows = width · D (V2: o_proj columns)
-  if (s.head_dim == 0) {
-    if (s.d_model % width != 0)
-      throw CLI::ValidationError("--head-dim", "needed: d_model " + std::to_string(s.d_model) +
-                                                   " is not divisible by " + std::to_string(width) +
-                                                   (width == s.heads ? " heads" : " (2 x heads)"));
-    s.head_dim = s.d_model / width;
-  }
-  if (s.head_dim % 2 != 0)
-    throw CLI::ValidationError("--head-dim", "head size " + std::to_string(s.head_dim) + " is odd; RoPE rotates pairs");
-  return s;
+  const auto spec = with_default_sizes(
+      {.kind = &kind,
+       .attention = {.d_model = o.d_model, .heads = o.heads, .kv_heads = o.kv_heads, .causal = !o.no_causal,
+                     .head_dim = o.head_dim, .logit_bits = o.logit_bits, .qk_dtype = storage_of(o.qk_dtype)},
+       .ffn_dim = o.ffn_dim, .differential = !o.baseline, .threads = o.threads, .bf16_product = o.bf16_product,
+       .matmuls = o.matmuls,
+       .cuda_attention = o.cuda_attention});
+  check_config(spec, "bench");
+  return spec;
 }
 
 // One policy's timings.
@@ -146,8 +88,8 @@ bench_row time_policy(const bench_options& o, const module_spec& spec, const std
   bench_row row{.policy = policy, .description = policy_description(policy, module->bf16_product()),
                 .threads = module->threads()};
   const auto compiled = compiled_head_dims(policy);
-  row.compiled_head_dim =
-      !is_v2(spec.kind) && std::find(compiled.begin(), compiled.end(), spec.head_dim) != compiled.end();  // V2: dynamic only
+  row.compiled_head_dim = spec.kind->compiled_head_dims() &&
+                          std::find(compiled.begin(), compiled.end(), spec.attention.head_dim) != compiled.end();
   if (o.decode) {
     module->prepare_decode(storage_of(o.weights_dtype), storage_of(o.kv_dtype));
     row.decode_ms = median_ms(*module, o.repeats, [&] { module->decode_step(); });
@@ -166,11 +108,12 @@ bench_row time_policy(const bench_options& o, const module_spec& spec, const std
 // The shape line shared by both reports.
 std::string describe_shape(const bench_options& o, const module_spec& spec, index_t seq) {
   std::string shape = "x [" + std::to_string(o.batch) + ", " + std::to_string(seq) + ", " + std::to_string(o.d_model) + "]";
-  if (uses_head_dim(spec.kind))
-    shape += ", h = " + std::to_string(spec.heads) + ", g = " + std::to_string(spec.kv_heads) +
-             ", D = " + std::to_string(spec.head_dim) + (spec.causal ? ", causal" : ", not causal");
-  if (is_v2(spec.kind))
-    shape += spec.differential ? ", V2 differential (" + std::to_string(2 * spec.heads) + " query heads)"
+  const auto& a = spec.attention;
+  if (spec.kind->has_attention())
+    shape += ", h = " + std::to_string(a.heads) + ", g = " + std::to_string(a.kv_heads) +
+             ", D = " + std::to_string(a.head_dim) + (a.causal ? ", causal" : ", not causal");
+  if (spec.kind->v2())
+    shape += spec.differential ? ", V2 differential (" + std::to_string(2 * a.heads) + " query heads)"
                                : ", V2 baseline (differential off)";
   if (spec.ffn_dim) shape += ", F = " + std::to_string(spec.ffn_dim);
   return shape;
@@ -187,9 +130,10 @@ void print_decode(const bench_options& o, const module_spec& spec, const std::ve
                        {"decode_tokens_per_s", tokens / row.decode_ms * 1e3},
                        {"decode_speedup_vs_first", rows.front().decode_ms / row.decode_ms},
                        {"weights_dtype", o.weights_dtype}, {"kv_dtype", o.kv_dtype}, {"logit_bits", o.logit_bits}};
-      if (uses_head_dim(spec.kind))
-        j.update({{"heads", spec.heads}, {"kv_heads", spec.kv_heads}, {"head_dim", spec.head_dim}});
-      if (is_v2(spec.kind)) j["differential"] = spec.differential;
+      if (spec.kind->has_attention())
+        j.update({{"heads", spec.attention.heads}, {"kv_heads", spec.attention.kv_heads},
+                  {"head_dim", spec.attention.head_dim}});
+      if (spec.kind->v2()) j["differential"] = spec.differential;
       std::printf("%s\n", j.dump().c_str());
     }
     return;
@@ -243,10 +187,11 @@ void bench(const bench_options& o) {
                        {"forward_tokens_per_s", tokens / row.forward_ms * 1e3}, {"forward_flops", flops.forward},
                        {"forward_gflops", gflops(flops.forward, row.forward_ms)},
                        {"forward_speedup_vs_first", rows.front().forward_ms / row.forward_ms}};
-      if (uses_head_dim(spec.kind))
-        j.update({{"heads", spec.heads}, {"kv_heads", spec.kv_heads}, {"head_dim", spec.head_dim},
-                  {"head_dim_compiled", row.compiled_head_dim}, {"causal", spec.causal}});
-      if (is_v2(spec.kind)) j["differential"] = spec.differential;
+      if (spec.kind->has_attention())
+        j.update({{"heads", spec.attention.heads}, {"kv_heads", spec.attention.kv_heads},
+                  {"head_dim", spec.attention.head_dim}, {"head_dim_compiled", row.compiled_head_dim},
+                  {"causal", spec.attention.causal}});
+      if (spec.kind->v2()) j["differential"] = spec.differential;
       if (spec.ffn_dim) j["ffn_dim"] = spec.ffn_dim;
       if (o.backward)
         j.update({{"forward_backward_ms", row.both_ms}, {"forward_backward_tokens_per_s", tokens / row.both_ms * 1e3},

@@ -25,29 +25,30 @@ constexpr std::uint64_t seed = 20251121;
 constexpr index_t batch = 2, seq = 5, entries_per_tensor = 12;
 constexpr io::dtype types[] = {io::dtype::f64, io::dtype::f32, io::dtype::bf16, io::dtype::f16};
 
-// The check's modules: small, grouped heads, a layer index > 0 so lambda_init is not the default.
+// The check's modules, one per row of the table (and V2's baseline beside
+// V2): small, grouped heads, a layer index > 0 so lambda_init is not the
+// default; the standard attention with H = 2h heads of size D, the matched baseline.
 std::vector<module_spec> check_modules(index_t head_dim, int threads) {
-  const module_spec base{.kind = "", .d_model = 16, .heads = 2, .kv_heads = 1, .head_dim = head_dim, .layer_index = 1,
-                         .ffn_dim = 24, .threads = threads};
   std::vector<module_spec> specs;
-  for (const char* kind : {"rmsnorm", "swiglu", "multihead", "attention", "decoder_layer", "decoder_stack"}) {
-    specs.push_back(base);
-    specs.back().kind = kind;
+  for (const auto& kind : module_kinds) {
+    module_spec spec{.kind = &kind, .attention = {.d_model = 16, .heads = 2, .kv_heads = 1, .head_dim = head_dim},
+                     .layer_index = 1, .ffn_dim = 24, .threads = threads};
+    if (kind.attention == attention_kind::standard) {
+      spec.attention.heads = 4;
+      spec.attention.kv_heads = 2;
+    }
+    specs.push_back(spec);
+    if (kind.v2() && kind.parts == module_parts::attention) {  // h = 2 output heads of D: 4 query heads, its baseline 2
+      spec.differential = false;
+      specs.push_back(spec);
+    }
   }
-  specs[3].heads = 4;  // the matched baseline: H = 2h heads of size D
-  specs[3].kv_heads = 2;
-  // V2 (h = 2 output heads of D, g = 1): differential (4 query heads), its baseline (2), and its layer.
-  for (const char* kind : {"multihead_v2", "multihead_v2", "decoder_layer_v2"}) {
-    specs.push_back(base);
-    specs.back().kind = kind;
-  }
-  specs[specs.size() - 2].differential = false;
   return specs;
 }
 
 // The table's name of a module: its kind, and "baseline" for V2 with differential off.
 std::string module_label(const module_spec& spec) {
-  return spec.kind + (is_v2(spec.kind) && !spec.differential ? " baseline" : "");
+  return std::string(spec.kind->name) + (spec.kind->v2() && !spec.differential ? " baseline" : "");
 }
 
 // A head size no policy compiles (tools/difftx/policies.hpp), so the check
@@ -208,8 +209,8 @@ int check(int threads) {
     for (const auto& spec : check_modules(check_head_dim, threads)) {
       auto reference = make_runner(spec, "reference", io::dtype::f64);
       const auto weights = random_weights(*reference, rng);
-      const std::vector<index_t> shape{batch, seq, spec.d_model};
-      const auto x = normal_values(batch * seq * spec.d_model, rng), dy = normal_values(x.size(), rng);
+      const std::vector<index_t> shape{batch, seq, spec.d_model()};
+      const auto x = normal_values(batch * seq * spec.d_model(), rng), dy = normal_values(x.size(), rng);
       for (auto type : types) {
         std::string gradcheck_text = "-", output_text = "-", grads_text = "-", result = "pass";
         if (!computes_in(policy, type)) {
@@ -243,7 +244,7 @@ int check(int threads) {
         }
         std::printf("| %-21s | %-9s | %-8s | %1s | %9s | %13s | %12s | %-6s |\n", module_label(spec).c_str(), policy.c_str(),
                     std::string(io::dtype_name(type)).c_str(),
-                    uses_head_dim(spec.kind) ? std::to_string(check_head_dim).c_str() : "-",
+                    spec.kind->has_attention() ? std::to_string(check_head_dim).c_str() : "-",
                     gradcheck_text.c_str(), output_text.c_str(), grads_text.c_str(), result.c_str());
       }
     }

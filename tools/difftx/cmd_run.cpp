@@ -2,6 +2,7 @@
 // an .npy file; writes the output and, given dY, the input and weight
 // gradients. With --model, a whole language model (a DiffLlama folder or a
 // difftx file) on token ids from an .npy file; writes the logits.
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <utility>
@@ -48,12 +49,30 @@ void require_distinct_outputs(const run_options& o) {
                                                        named[j].second + "); each output needs its own path");
 }
 
+// The flags against each other before any file is read (--kv-heads against
+// --heads), by the module's own check: the sizes only the weights give stand
+// in as values it accepts (C = 1, D = 2, h = g where only --kv-heads is given;
+// V2 as differential, whose 2h query heads any g dividing h divides too), so
+// only what the flags say can fail it. check_config runs again on the sizes
+// read (spec_from_weights).
+void check_flags(module_spec flags) {
+  auto& a = flags.attention;
+  a.d_model = 1;
+  a.head_dim = 2;
+  if (a.heads == 0) a.heads = std::max<index_t>(a.kv_heads, 1);
+  check_config(flags, "run");
+}
+
 void run(const run_options& o) {
   const auto type = checked_dtype(o.dtype, o.policy);
-  if (o.module == "attention" && o.heads == 0) throw CLI::RequiredError("--heads (for --module attention)");
-  // (V2: g divides the 2h query heads, checked with the weights.)
-  if (!is_v2(o.module) && o.heads > 0 && o.kv_heads > 0 && o.heads % o.kv_heads != 0)
-    throw CLI::ValidationError("--kv-heads", "must divide --heads " + std::to_string(o.heads));
+  const module_kind& kind = *find_module_kind(o.module);  // --module takes only the table's names
+  if (!kind.heads_from_weights() && o.heads == 0)
+    throw CLI::RequiredError("--heads (for --module " + o.module + ")");
+  const module_spec given{.kind = &kind,
+                          .attention = {.heads = o.heads, .kv_heads = o.kv_heads, .rope_theta = o.rope_theta,
+                                        .causal = !o.no_causal, .logit_bits = o.logit_bits},
+                          .layer_index = o.layer_index, .ffn_dim = o.ffn_dim, .eps = o.eps, .threads = o.threads};
+  check_flags(given);
   require_distinct_outputs(o);
 
   // All or nothing: every output's temporary file is created first (a path
@@ -70,9 +89,6 @@ void run(const run_options& o) {
   std::unique_ptr<runner> module;
   {
     const auto weights = io::read_safetensors(o.weights);
-    const module_spec given{.kind = o.module, .heads = o.heads, .kv_heads = o.kv_heads, .layer_index = o.layer_index,
-                            .ffn_dim = o.ffn_dim, .rope_theta = o.rope_theta, .eps = o.eps, .causal = !o.no_causal,
-                            .threads = o.threads, .logit_bits = o.logit_bits};
     module = make_runner(spec_from_weights(given, shapes_of(weights), o.weights, "run"), o.policy, type);
     module->load(weights, o.weights);
   }

@@ -46,7 +46,7 @@ CLI::Option* add_policy_option(CLI::App& command, std::string& policy);
 CLI::Option* add_policies_option(CLI::App& command, std::vector<std::string>& policies);
 // --dtype NAME: float64, float32, bfloat16 or float16; defaults to float32.
 CLI::Option* add_dtype_option(CLI::App& command, std::string& dtype);
-// --module NAME: one of module_kinds (required unless the command also takes --model).
+// --module NAME: a kind of the table on the command line (module_kinds.hpp; required unless the command also takes --model).
 CLI::Option* add_module_option(CLI::App& command, std::string& module);
 // --threads N: threads of a policy that has them (simd); default as given.
 CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& default_text);

@@ -58,15 +58,15 @@ index_t vocabulary(const shape_table& weights, const std::string& label, index_t
 // weights and the flags (load_parameters then checks every other layer
 // against them), layer i at index i.
 language_model_spec spec_from_shapes(const shape_table& weights, const std::string& label, const model_flags& flags) {
-  const module_spec given{.kind = "decoder_layer", .heads = flags.heads, .kv_heads = flags.kv_heads,
-                          .rope_theta = flags.rope_theta.value_or(10000.0), .eps = flags.eps.value_or(1e-5)};
+  const module_spec given{.kind = &module_kind_named("decoder_layer"),
+                          .attention = {.heads = flags.heads, .kv_heads = flags.kv_heads,
+                                        .rope_theta = flags.rope_theta.value_or(10000.0)},
+                          .eps = flags.eps.value_or(1e-5)};
   const auto layer = spec_from_weights(given, weights, label, where, "layers.0.");
-  const index_t vocab = vocabulary(weights, label, layer.d_model), width = layer.d_model;
+  const index_t vocab = vocabulary(weights, label, layer.d_model()), width = layer.d_model();
   language_model_spec spec{.model = {.vocab_size = vocab, .d_model = width, .eps = layer.eps}};  // untied: lm_head.weight
   for (index_t i = 0, n = layer_count(weights, label); i < n; ++i)
-    spec.layers.push_back({.attention = {.d_model = width, .heads = layer.heads, .kv_heads = layer.kv_heads,
-                                         .layer_index = i, .rope_theta = layer.rope_theta, .causal = true,
-                                         .head_dim = layer.head_dim},
+    spec.layers.push_back({.attention = with_attention_heads(MultiHeadConfig{.layer_index = i}, layer.attention),
                            .ffn_dim = layer.ffn_dim,
                            .eps = layer.eps});
   return spec;

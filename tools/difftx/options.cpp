@@ -78,7 +78,7 @@ CLI::Option* add_dtype_option(CLI::App& command, std::string& dtype) {
 }
 
 CLI::Option* add_module_option(CLI::App& command, std::string& module) {
-  return command.add_option("--module", module, "the module")->check(CLI::IsMember(module_kinds));
+  return command.add_option("--module", module, "the module")->check(CLI::IsMember(command_line_kind_names()));
 }
 
 CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& default_text) {

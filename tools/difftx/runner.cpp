@@ -38,10 +38,6 @@ bool is_cuda(std::string_view policy) { return policy == cuda_policy::name; }
 
 }  // namespace
 
-bool uses_head_dim(const std::string& kind) { return kind != "rmsnorm" && kind != "swiglu"; }
-bool is_v2(const std::string& kind) { return kind == "multihead_v2" || kind == "decoder_layer_v2"; }
-bool is_differential(const std::string& kind) { return uses_head_dim(kind) && kind != "attention" && !is_v2(kind); }
-
 std::vector<std::string> built_policy_names() {
   auto names = host_policy_names();
 #if defined(DIFFTX_CLI_CUDA)

@@ -11,49 +11,11 @@
 #include <vector>
 
 #include <difftx/io/tensor_file.hpp>
-#include <difftx/policy/cuda/attention_path.hpp>
 #include <difftx/ops/int8.hpp>
 
+#include "module_kinds.hpp"
+
 namespace difftx::cli {
-
-// What a module is, as the command line gives it.
-struct module_spec {
-  std::string kind = {};    // rmsnorm, swiglu, multihead, attention, decoder_layer, decoder_stack, multihead_v2, decoder_layer_v2
-  index_t d_model = 0;      // C
-  index_t heads = 1;        // h differential heads (attention: H heads; V2: h output heads)
-  index_t kv_heads = 0;     // g (attention: G); 0 means as many as heads
-  index_t head_dim = 0;     // D: the half head size (attention and V2: the head size)
-  index_t layer_index = 0;  // l; layer i of decoder_stack has l + i
-  index_t ffn_dim = 0;      // F; 0 means the spec's default for C
-  index_t layers = 2;       // decoder_stack only
-  double rope_theta = 10000.0;
-  double eps = 1e-5;
-  bool causal = true;
-  bool differential = true;  // V2 only: false is the authors' matched baseline (h query heads, no lambda_proj)
-  int threads = 0;  // for a policy with threads; 0 means its default
-  // simd: the path of bfloat16 matrix products, policy::simd::bf16_products
-  // by name (automatic, converting, dot_instructions).
-  std::string bf16_product = "automatic";
-  // simd: who multiplies products of many rows, policy::simd::matmuls by
-  // name (automatic, difftx, onednn).
-  std::string matmuls = "automatic";
-  // cuda: whose attention kernels run, policy::cuda::attention by name
-  // (difftx, cudnn); the policy's default, cuDNN's where this tool was built with it.
-  std::string cuda_attention{name_of(default_cuda_attention)};
-  int logit_bits = 16;  // attention logits quantized to this many bits (16: not at all)
-  inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys
-};
-
-// The module kinds `difftx run` and `difftx bench` take (decoder_stack is the check's).
-inline const std::vector<std::string> module_kinds{"multihead", "decoder_layer", "attention",       "rmsnorm",
-                                                   "swiglu",    "multihead_v2",  "decoder_layer_v2"};
-
-bool uses_head_dim(const std::string& kind);  // every kind with attention
-// multihead, decoder_layer, decoder_stack (V1): q_proj is [2hD, C] with D from lambda_q1.
-bool is_differential(const std::string& kind);
-// multihead_v2, decoder_layer_v2: differential attention V2 (MultiHeadV2), run with the
-// difftx::dynamic head size only; spec.differential false is its baseline.
-bool is_v2(const std::string& kind);
 
 class runner {
  public:

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 #include <variant>
 #if defined(_OPENMP)
 #include <omp.h>
@@ -19,6 +20,7 @@
 #include <difftx/io/parameters.hpp>
 #include <difftx/policy/cuda/attention_path.hpp>  // attention_paths_of (host code)
 
+#include "module_configs.hpp"
 #include "runner.hpp"
 
 namespace difftx::cli {
@@ -76,8 +78,9 @@ class module_runner final : public runner {
   using T = typename Module::value_type;
 
  public:
-  template <class... Args>
-  explicit module_runner(index_t d_model, Args&&... args) : d_model_(d_model), module_(std::forward<Args>(args)...) {}
+  // build() returns the module, built in place (no move).
+  template <class Build>
+  module_runner(index_t d_model, Build&& build) : d_model_(d_model), module_(build()) {}
 
   // Checks finiteness after loading, in T (so a float16 overflow shows too);
   // on a failure the module keeps the values, as the tool stops anyway.
@@ -132,8 +135,7 @@ class module_runner final : public runner {
         memory().copy(token_.view()[b].data(), x_.view()[b][N - 1].data(), static_cast<std::size_t>(C) * sizeof(T));
       context_ = N;
     } else {
-      throw input_error("bench", "--decode", "a module with attention (multihead, attention, decoder_layer, multihead_v2, "
-                        "decoder_layer_v2)",
+      throw input_error("bench", "--decode", "a module with attention (" + attention_kind_names() + ")",
                         "a module without a KV cache");
     }
   }
@@ -238,12 +240,6 @@ class module_runner final : public runner {
 
 namespace detail {
 
-inline MultiHeadConfig multihead_config(const module_spec& s, index_t layer_offset = 0) {
-  return {.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .layer_index = s.layer_index + layer_offset,
-          .rope_theta = s.rope_theta, .causal = s.causal, .head_dim = s.head_dim, .logit_bits = s.logit_bits,
-          .qk_dtype = s.qk_dtype};
-}
-
 // The policy object every module of the runner gets: spec.threads, where the
 // policy has threads; spec.bf16_product and spec.cuda_attention, where it has
 // those choices.
@@ -269,59 +265,55 @@ Policy make_policy(const module_spec& s) {
   return policy;
 }
 
-// D: a compiled head size, or dynamic (then s.head_dim sets it).
-template <class Policy, class T, index_t D>
-std::unique_ptr<runner> make_with_head_dim(const module_spec& s) {
+// The module of table row Row (module_kinds.hpp) with head size D (a compiled
+// one, or dynamic: s.attention.head_dim sets it), built from s.
+template <std::size_t Row, class T, index_t D, class Policy>
+auto build_module(const module_spec& s, const Policy& policy) {
+  constexpr module_kind kind = module_kinds[Row];
+  if constexpr (kind.parts == module_parts::norm) {
+    return RMSNorm<T, Policy>(s.d_model(), s.eps, 1.0, policy);
+  } else if constexpr (kind.parts == module_parts::ffn) {
+    return SwiGLU<T, Policy>(s.d_model(), s.ffn_dim, policy);
+  } else {
+    using Attn = attention_module<kind.attention, T, D, Policy>;
+    if constexpr (kind.parts == module_parts::attention) {
+      return Attn(attention_config<kind.attention>(s), policy);
+    } else if constexpr (kind.parts == module_parts::layer) {
+      return BasicDecoderLayer<Attn>(layer_config<kind.attention>(s), policy);
+    } else {
+      std::vector<BasicDecoderLayer<Attn>> layers;
+      for (index_t l = 0; l < s.layers; ++l) layers.emplace_back(layer_config<kind.attention>(s, l), policy);
+      return Stack<BasicDecoderLayer<Attn>>(std::move(layers));
+    }
+  }
+}
+
+// The runner of row Row on Policy: a compiled head size D... where the row
+// takes them and spec's D is one of them, else difftx::dynamic.
+template <std::size_t Row, class T, class Policy, index_t... D>
+std::unique_ptr<runner> make_row(const module_spec& s) {
   const auto policy = make_policy<Policy>(s);
-  if (s.kind == "multihead")
-    return std::make_unique<module_runner<MultiHead<T, D, Policy>>>(s.d_model, multihead_config(s), policy);
-  if (s.kind == "attention")
-    return std::make_unique<module_runner<Attention<T, D, Policy>>>(
-        s.d_model,
-        AttentionConfig{.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .rope_theta = s.rope_theta,
-                        .causal = s.causal, .head_dim = s.head_dim, .logit_bits = s.logit_bits,
-                        .qk_dtype = s.qk_dtype},
-        policy);
-  if (s.kind == "decoder_layer")
-    return std::make_unique<module_runner<DecoderLayer<T, D, Policy>>>(
-        s.d_model, DecoderLayerConfig{multihead_config(s), s.ffn_dim, s.eps}, policy);
-  require(s.kind == "decoder_stack", "make_runner", "kind", "a module kind", s.kind);
-  std::vector<DecoderLayer<T, D, Policy>> layers;
-  for (index_t l = 0; l < s.layers; ++l)
-    layers.emplace_back(DecoderLayerConfig{multihead_config(s, l), s.ffn_dim, s.eps}, policy);
-  return std::make_unique<module_runner<Stack<DecoderLayer<T, D, Policy>>>>(s.d_model, std::move(layers));
+  auto make = [&]<index_t HeadDim>() -> std::unique_ptr<runner> {
+    using Module = decltype(build_module<Row, T, HeadDim, Policy>(s, policy));
+    return std::make_unique<module_runner<Module>>(s.d_model(),
+                                                   [&] { return build_module<Row, T, HeadDim, Policy>(s, policy); });
+  };
+  std::unique_ptr<runner> made;
+  if constexpr (module_kinds[Row].compiled_head_dims() && sizeof...(D) > 0)
+    ((s.attention.head_dim == D && (made = make.template operator()<D>())) || ...);
+  return made ? std::move(made) : make.template operator()<dynamic>();
 }
 
-inline MultiHeadV2Config multihead_v2_config(const module_spec& s) {
-  return {.d_model = s.d_model, .heads = s.heads, .kv_heads = s.kv_heads, .rope_theta = s.rope_theta,
-          .causal = s.causal, .head_dim = s.head_dim, .differential = s.differential, .logit_bits = s.logit_bits,
-          .qk_dtype = s.qk_dtype};
-}
-
-// The V2 kinds, on the difftx::dynamic head size only: a compiled D would run
-// the same kernels (they read D from the shapes) and only lengthen the build.
-template <class Policy, class T>
-std::unique_ptr<runner> make_v2(const module_spec& s) {
-  const auto policy = make_policy<Policy>(s);
-  if (s.kind == "multihead_v2")
-    return std::make_unique<module_runner<MultiHeadV2<T, dynamic, Policy>>>(s.d_model, multihead_v2_config(s), policy);
-  require(s.kind == "decoder_layer_v2", "make_runner", "kind", "a module kind", s.kind);
-  return std::make_unique<module_runner<DecoderLayerV2<T, dynamic, Policy>>>(
-      s.d_model, DecoderLayerV2Config{multihead_v2_config(s), s.ffn_dim, s.eps}, policy);
-}
-
-// The runner of spec's kind on Policy: a compiled head size D... where spec's
-// is one of them, else difftx::dynamic (the V2 kinds: always dynamic).
+// The runner of spec's kind on Policy (D...: the policy's compiled head sizes).
 template <class T, class Policy, index_t... D>
 std::unique_ptr<runner> make_for_policy(const module_spec& s) {
-  if (is_v2(s.kind)) return make_v2<Policy, T>(s);
-  if (s.kind == "rmsnorm")
-    return std::make_unique<module_runner<RMSNorm<T, Policy>>>(s.d_model, s.d_model, s.eps, 1.0, make_policy<Policy>(s));
-  if (s.kind == "swiglu")
-    return std::make_unique<module_runner<SwiGLU<T, Policy>>>(s.d_model, s.d_model, s.ffn_dim, make_policy<Policy>(s));
   std::unique_ptr<runner> made;
-  if constexpr (sizeof...(D) > 0) ((s.head_dim == D && (made = make_with_head_dim<Policy, T, D>(s))) || ...);
-  return made ? std::move(made) : make_with_head_dim<Policy, T, dynamic>(s);
+  [&]<std::size_t... Row>(std::index_sequence<Row...>) {
+    ((s.kind == &module_kinds[Row] && (made = make_row<Row, T, Policy, D...>(s))) || ...);
+  }(std::make_index_sequence<std::size(module_kinds)>{});
+  require(made != nullptr, "make_runner", "kind", "a module kind of the table (module_kinds.hpp)",
+          s.kind ? std::string(s.kind->name) : "none");
+  return made;
 }
 
 }  // namespace detail

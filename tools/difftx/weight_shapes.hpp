@@ -26,11 +26,13 @@ shape_table shapes_of(const io::mapped_safetensors& file);
 
 // C, D, F and, where `given` leaves them 0, the head count h (q_proj rows /
 // 2D with D from lambda_q1), the key/value groups (k_proj rows / 2D) and F
-// (gate_proj rows), of a module of kind given.kind whose weights are
-// weights[prefix + name]. Each size is checked against the others and against
-// what given says, so a wrong flag (--heads, --kv-heads, --ffn-dim) or a wrong
-// file says which: input_error(where, "<label>: <prefix + name>", ...). The
-// rest of given (layer index, RoPE base, eps, threads, ...) passes through.
+// (gate_proj rows), of a module of kind *given.kind (module_kinds.hpp) whose
+// weights are weights[prefix + name]. Each size is checked against the others
+// and against what given says, so a wrong flag (--heads, --kv-heads,
+// --ffn-dim) or a wrong file says which: input_error(where, "<label>: <prefix
+// + name>", ...); then the module's own check (check_config) on the sizes,
+// with spec.origins naming the tensor each was read from. The rest of given
+// (layer index, RoPE base, eps, threads, ...) passes through.
 module_spec spec_from_weights(const module_spec& given, const shape_table& weights, const std::string& label,
                               std::string_view where, const std::string& prefix = "");
 

@@ -127,7 +127,9 @@ class npy_header_parser {
       if (value > (std::uint64_t{1} << 40)) fail("a dimension of at most 2^40", "a larger one");
     }
     if (position_ == begin) fail("a non-negative integer dimension", found());
-    if (text_[begin] == '0' && position_ - begin > 1) fail("an integer without leading zeros", "'" + std::string(text_.substr(begin, position_ - begin)) + "'");
+    // (appended, not "'" + string: GCC 12 sees a false -Wrestrict overlap in that insert at 0)
+    if (text_[begin] == '0' && position_ - begin > 1)
+      fail("an integer without leading zeros", std::string("'").append(text_.substr(begin, position_ - begin)).append("'"));
     return static_cast<index_t>(value);
   }
   // (), (n,), (n, m), (n, m,): a Python tuple, so one element needs its comma.

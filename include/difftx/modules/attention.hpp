@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "difftx/modules/architecture.hpp"
+#include "difftx/modules/attention_heads.hpp"
 #include "difftx/modules/diff_attn.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/linear.hpp"
@@ -19,26 +20,9 @@
 
 namespace difftx {
 
-struct AttentionConfig {
-  index_t d_model = 0;   // C
-  index_t heads = 1;     // H
-  index_t kv_heads = 0;  // G; 0 means G = H
-  double rope_theta = 10000.0;
-  bool causal = true;
-  index_t head_dim = 0;  // D; 0 means the compiled D (needed where D is difftx::dynamic)
-  int logit_bits = logits_unquantized;  // 4..8: attention logits quantized (inference, docs/semantics.md)
-  inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys (inference)
-  difftx::rope_scaling rope_scaling = {};  // linear or llama3 frequencies (transformers' rope_type)
-};
-
-// modules/architecture.hpp: what an Attention's weight shapes do not say (c with its head_dim resolved).
-inline void describe_architecture(architecture& a, const std::string& prefix, const AttentionConfig& c) {
-  a[prefix + "heads"] = architecture_value(c.heads);
-  a[prefix + "kv_heads"] = architecture_value(c.kv_heads == 0 ? c.heads : c.kv_heads);
-  a[prefix + "head_dim"] = architecture_value(c.head_dim);
-  describe_rope(a, prefix, c.rope_theta, c.rope_scaling);
-  a[prefix + "causal"] = architecture_value(c.causal);
-}
+// H heads of size D, G key/value groups: exactly what every attention
+// config shares (modules/attention_heads.hpp), with nothing of its own.
+using AttentionConfig = AttentionHeadsConfig;
 
 template <Scalar T, index_t HeadDim, class Policy = policy::reference>
   requires supported_by<Policy, T>
@@ -60,9 +44,7 @@ class Attention {
   explicit Attention(const AttentionConfig& config, Policy policy = {})
       : policy_(std::move(policy)),
         config_(checked(config)),
-        heads_({config_.d_model, config_.heads, config_.kv_heads, config_.head_dim, config_.rope_theta, config_.causal,
-                config_.logit_bits, config_.qk_dtype, config_.rope_scaling},
-               policy_),
+        heads_(config_, policy_),
         out_proj_(config_.heads * config_.head_dim, config_.d_model, policy_) {
     random_stream rng(0);
     reset_parameters(rng);
@@ -153,7 +135,11 @@ class Attention {
     difftx::describe_architecture(a, prefix, config_);
   }
 
- private:
+  // config as this module runs it (kv_heads and head_dim resolved), or
+  // input_error(module, "config.<field>", ...) naming the first field it
+  // rejects. The constructor calls it; a caller may call it first to check a
+  // config without building the module (the difftx tool does, to name the
+  // flag or the file a field came from).
   static AttentionConfig checked(AttentionConfig c) {
     require(c.d_model > 0, "Attention", "config.d_model", "d_model >= 1", std::to_string(c.d_model));
     c.kv_heads = detail::checked_kv_heads("Attention", c.heads, c.kv_heads);
@@ -164,6 +150,7 @@ class Attention {
     return c;
   }
 
+ private:
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
                    sequence_offsets sequences) const {
     detail::check_token_call(where, x, y, sequences, config_.d_model, policy_.memory().space());

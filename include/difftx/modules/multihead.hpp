@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "difftx/modules/architecture.hpp"
+#include "difftx/modules/attention_heads.hpp"
 #include "difftx/modules/diff_attn.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/sequences.hpp"
@@ -21,6 +22,8 @@
 
 namespace difftx {
 
+// AttentionHeadsConfig's fields (modules/attention_heads.hpp), flat, with
+// layer_index and subln_eps among them.
 struct MultiHeadConfig {
   index_t d_model = 0;      // C
   index_t heads = 1;        // h differential heads
@@ -28,7 +31,7 @@ struct MultiHeadConfig {
   index_t layer_index = 0;  // l, sets lambda_init = 0.8 - 0.6 exp(-0.3 l)
   double rope_theta = 10000.0;
   bool causal = true;
-  index_t head_dim = 0;      // D; 0 means the compiled D (needed where D is difftx::dynamic)
+  index_t head_dim = 0;      // D, the half head size; 0 means the compiled D (needed where D is difftx::dynamic)
   double subln_eps = 1e-5;   // of the per-head RMSNorm (DiffLlama checkpoints: their rms_norm_eps)
   int logit_bits = logits_unquantized;  // 4..8: attention logits quantized (inference, docs/semantics.md)
   inference_dtype qk_dtype = inference_dtype::same;  // int8: Q·Kᵀ on int8 queries and keys (inference)
@@ -37,12 +40,8 @@ struct MultiHeadConfig {
 
 // modules/architecture.hpp: what a MultiHead's weight shapes do not say (c with its head_dim resolved).
 inline void describe_architecture(architecture& a, const std::string& prefix, const MultiHeadConfig& c) {
-  a[prefix + "heads"] = architecture_value(c.heads);
-  a[prefix + "kv_heads"] = architecture_value(c.kv_heads == 0 ? c.heads : c.kv_heads);
-  a[prefix + "head_dim"] = architecture_value(c.head_dim);
+  describe_architecture(a, prefix, attention_heads(c));
   a[prefix + "layer_index"] = architecture_value(c.layer_index);
-  describe_rope(a, prefix, c.rope_theta, c.rope_scaling);
-  a[prefix + "causal"] = architecture_value(c.causal);
   a[prefix + "subln.eps"] = architecture_value(c.subln_eps);
 }
 
@@ -222,7 +221,11 @@ class MultiHead {
     difftx::describe_architecture(a, prefix, config_);
   }
 
- private:
+  // config as this module runs it (kv_heads and head_dim resolved), or
+  // input_error(module, "config.<field>", ...) naming the first field it
+  // rejects. The constructor calls it; a caller may call it first to check a
+  // config without building the module (the difftx tool does, to name the
+  // flag or the file a field came from).
   static MultiHeadConfig checked(MultiHeadConfig c) {
     require(c.d_model > 0, "MultiHead", "config.d_model", "d_model >= 1", std::to_string(c.d_model));
     c.kv_heads = detail::checked_kv_heads("MultiHead", c.heads, c.kv_heads);
@@ -235,6 +238,8 @@ class MultiHead {
     detail::checked_qk_dtype<Policy, accum_t<T>>("MultiHead", c.qk_dtype);
     return c;
   }
+
+ private:
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
                    sequence_offsets sequences) const {
     detail::check_token_call(where, x, y, sequences, config_.d_model, policy_.memory().space());

@@ -20,6 +20,7 @@
 
 #include "difftx/core/head_dim.hpp"
 #include "difftx/modules/architecture.hpp"
+#include "difftx/modules/attention_heads.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/linear.hpp"
 #include "difftx/modules/sequences.hpp"
@@ -28,6 +29,8 @@
 
 namespace difftx {
 
+// AttentionHeadsConfig's fields (modules/attention_heads.hpp), flat, with
+// differential among them.
 struct MultiHeadV2Config {
   index_t d_model = 0;   // C
   index_t heads = 1;     // h output heads (2h query heads when differential)
@@ -43,11 +46,7 @@ struct MultiHeadV2Config {
 
 // modules/architecture.hpp: what a MultiHeadV2's weight shapes do not say (c with its head_dim resolved).
 inline void describe_architecture(architecture& a, const std::string& prefix, const MultiHeadV2Config& c) {
-  a[prefix + "heads"] = architecture_value(c.heads);
-  a[prefix + "kv_heads"] = architecture_value(c.kv_heads == 0 ? c.heads : c.kv_heads);
-  a[prefix + "head_dim"] = architecture_value(c.head_dim);
-  describe_rope(a, prefix, c.rope_theta, c.rope_scaling);
-  a[prefix + "causal"] = architecture_value(c.causal);
+  describe_architecture(a, prefix, attention_heads(c));
   a[prefix + "differential"] = architecture_value(c.differential);
 }
 
@@ -80,9 +79,7 @@ class MultiHeadV2 {
   explicit MultiHeadV2(const MultiHeadV2Config& config, Policy policy = {})
       : policy_(std::move(policy)),
         config_(checked(config)),
-        heads_({config_.d_model, query_heads(), config_.kv_heads, config_.head_dim, config_.rope_theta, config_.causal,
-                config_.logit_bits, config_.qk_dtype, config_.rope_scaling},
-               policy_),
+        heads_(softmax_heads_config(), policy_),
         o_proj_(config_.heads * config_.head_dim, config_.d_model, policy_) {
     if (config_.differential) lambda_proj_.emplace(config_.d_model, config_.heads, policy_);
     random_stream rng(0);
@@ -92,6 +89,12 @@ class MultiHeadV2 {
   const MultiHeadV2Config& config() const noexcept { return config_; }
   index_t head_dim() const noexcept { return config_.head_dim; }  // D
   index_t query_heads() const noexcept { return config_.differential ? 2 * config_.heads : config_.heads; }
+  // The one softmax attention behind it: query_heads() heads, the rest as configured.
+  AttentionHeadsConfig softmax_heads_config() const {
+    auto heads = attention_heads(config_);
+    heads.heads = query_heads();
+    return heads;
+  }
   shape_t<3> output_shape(const shape_t<3>& input) const noexcept { return input; }
 
   // x [B, N, C] -> y [B, N, C]; or a packed batch x [1, total, C] with its
@@ -190,7 +193,11 @@ class MultiHeadV2 {
     difftx::describe_architecture(a, prefix, config_);
   }
 
- private:
+  // config as this module runs it (kv_heads and head_dim resolved), or
+  // input_error(module, "config.<field>", ...) naming the first field it
+  // rejects. The constructor calls it; a caller may call it first to check a
+  // config without building the module (the difftx tool does, to name the
+  // flag or the file a field came from).
   static MultiHeadV2Config checked(MultiHeadV2Config c) {
     constexpr std::string_view where = "MultiHeadV2";
     require(c.d_model > 0, where, "config.d_model", "d_model >= 1", std::to_string(c.d_model));
@@ -206,6 +213,8 @@ class MultiHeadV2 {
     detail::check_rope_parameters(where, "config.rope_theta", c.rope_theta, "config.rope_scaling", c.rope_scaling);
     return c;
   }
+
+ private:
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
                    sequence_offsets sequences) const {
     detail::check_token_call(where, x, y, sequences, config_.d_model, policy_.memory().space());

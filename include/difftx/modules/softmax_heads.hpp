@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "difftx/modules/attention_heads.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/linear.hpp"
 #include "difftx/modules/sequences.hpp"
@@ -20,18 +21,6 @@
 #include "difftx/ops/rope.hpp"
 
 namespace difftx::detail {
-
-struct SoftmaxHeadsConfig {
-  index_t d_model = 0;   // C
-  index_t heads = 1;     // H query heads
-  index_t kv_heads = 1;  // G, dividing H
-  index_t head_dim = 0;  // D
-  double rope_theta = 10000.0;
-  bool causal = true;
-  int logit_bits = logits_unquantized;  // checked by the owner (detail::checked_logit_bits)
-  inference_dtype qk_dtype = inference_dtype::same;  // likewise (detail::checked_qk_dtype)
-  rope_scaling rope = {};
-};
 
 template <Scalar T, class Policy>
 class SoftmaxHeads {
@@ -58,7 +47,8 @@ class SoftmaxHeads {
     }
   };
 
-  SoftmaxHeads(const SoftmaxHeadsConfig& config, const Policy& policy)
+  // config: H query heads, G key/value heads dividing H, as the owner checked it.
+  SoftmaxHeads(const AttentionHeadsConfig& config, const Policy& policy)
       : policy_(policy),
         config_(config),
         q_proj_(config.d_model, config.heads * config.head_dim, policy),
@@ -71,8 +61,8 @@ class SoftmaxHeads {
     project(x, s);
     s.lse.resize({B, config_.heads, 1, N}, policy_.memory());
     for_each_sequence(sequences, [&](const auto& seq) {
-      rope_forward(policy_, seq.rows(rope_vectors(s.q)), 0, config_.rope_theta, config_.rope);
-      rope_forward(policy_, seq.rows(rope_vectors(s.k)), 0, config_.rope_theta, config_.rope);
+      rope_forward(policy_, seq.rows(rope_vectors(s.q)), 0, config_.rope_theta, config_.rope_scaling);
+      rope_forward(policy_, seq.rows(rope_vectors(s.k)), 0, config_.rope_theta, config_.rope_scaling);
     });
     // A packed batch in one call where the policy has such a path, else a call per sequence.
     if (!attention_forward_packed<1>(policy_, s.q.const_view(), s.k.const_view(), s.v.const_view(),
@@ -111,8 +101,8 @@ class SoftmaxHeads {
                               TensorView<accum_t<T>, 1>{});
       });
     for_each_sequence(s.sequences, [&](const auto& seq) {
-      rope_backward(policy_, seq.rows(rope_vectors(dq)), 0, config_.rope_theta, config_.rope);
-      rope_backward(policy_, seq.rows(rope_vectors(dk)), 0, config_.rope_theta, config_.rope);
+      rope_backward(policy_, seq.rows(rope_vectors(dq)), 0, config_.rope_theta, config_.rope_scaling);
+      rope_backward(policy_, seq.rows(rope_vectors(dk)), 0, config_.rope_theta, config_.rope_scaling);
     });
     q_proj_.backward(x, dq.view().template reshape<3>({B, N, H * D}), s.q_proj, dx);
     k_proj_.backward(x, dk.view().template reshape<3>({B, N, G * D}), s.k_proj, dx, write_mode::add);
@@ -147,8 +137,8 @@ class SoftmaxHeads {
     cache.require_decodable(where, x.extent(1));
     require(config_.causal, where, "config.causal", "a causal module (decoding appends to the past)", "non-causal");
     project(x, s);
-    rope_from_positions(policy_, rope_vectors(s.q), cache.lengths(), config_.rope_theta, config_.rope);
-    rope_from_positions(policy_, rope_vectors(s.k), cache.lengths(), config_.rope_theta, config_.rope);
+    rope_from_positions(policy_, rope_vectors(s.q), cache.lengths(), config_.rope_theta, config_.rope_scaling);
+    rope_from_positions(policy_, rope_vectors(s.k), cache.lengths(), config_.rope_theta, config_.rope_scaling);
     cache.append(s.k.view(), s.v.view());
     if constexpr (low_bit_policy<Policy>) {
       if (cache.storage() == inference_dtype::int8)
@@ -192,7 +182,7 @@ class SoftmaxHeads {
   }
 
   Policy policy_;
-  SoftmaxHeadsConfig config_;
+  AttentionHeadsConfig config_;  // checked by the owner, kv_heads and head_dim resolved
   linear_type q_proj_, k_proj_, v_proj_;
 };
 
