@@ -12,9 +12,8 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/Core>
-
 #include <difftx/difftx.hpp>
+#include <Eigen/Core>
 #include <difftx/policy/simd.hpp>
 #include <difftx/policy/simd/memory_read.hpp>
 

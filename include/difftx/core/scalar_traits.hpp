@@ -11,6 +11,7 @@
 #include <limits>
 #include <string_view>
 
+#include "difftx/core/x86_intrinsics.hpp"  // before Eigen
 #include <Eigen/Core>
 
 namespace difftx {

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "difftx/core/x86_intrinsics.hpp"  // before Eigen
 #include <Eigen/Core>
 
 #include "difftx/core/scalar_traits.hpp"

@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "difftx/core/x86_intrinsics.hpp"  // before Eigen
 #include <Eigen/Core>
 
 #include "difftx/ops/logit_quantization.hpp"

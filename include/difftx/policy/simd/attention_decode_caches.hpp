@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "difftx/core/x86_intrinsics.hpp"  // before Eigen
 #include <Eigen/Core>
 
 #include "difftx/ops/int8.hpp"

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "difftx/core/x86_intrinsics.hpp"  // before Eigen
 #include <Eigen/Core>
 
 #include "difftx/policy/simd/common.hpp"

@@ -10,11 +10,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "difftx/core/x86_intrinsics.hpp"  // before Eigen
 #include <Eigen/Core>
 #include <xsimd/xsimd.hpp>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -188,9 +186,7 @@ bf16_pair_halves load_bf16_pairs(const Eigen::bfloat16* p) {
 #if defined(__AVX512F__)
   if constexpr (V::size == 16) {
     const __m512i words = _mm512_loadu_si512(p);
-    // (the zero-masking form of the shift, all lanes kept: GCC 12's plain one
-    // warns of its undefined pass-through operand, bug 105593)
-    return {V(_mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), words, 16))),
+    return {V(_mm512_castsi512_ps(_mm512_slli_epi32(words, 16))),
             V(_mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32(static_cast<int>(0xffff0000u)))))};
   }
 #endif
@@ -209,14 +205,6 @@ bf16_pair_halves load_bf16_pairs(const Eigen::bfloat16* p) {
   return {V::load_aligned(even), V::load_aligned(odd)};
 }
 
-// GCC 12 takes the undefined pass-through operand inside its AVX-512 shuffle
-// intrinsics for an uninitialised variable once they are inlined (GCC bug
-// 105593): a false warning, silenced for the two functions below.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
 // Lane t of the result is the sum of acc[t]'s lanes: four rounds of adding
 // two shuffles of a pair of vectors, each halving what is left to add
@@ -259,9 +247,6 @@ void lane_sums(const vec<A>* rows, A* out) {
   else
     for (index_t i = 0; i < W; ++i) out[i] = xsimd::hadd(rows[i]);
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 // out[t] = Σ_c x[c] · R(t, c) for t < rows, R's row t at first + t·stride in
 // its storage type (T, or int8), converted in registers: W rows at a time,

@@ -120,14 +120,6 @@ void bf16_pair_gemv(const policy::simd& p, index_t M, index_t N, index_t K, cons
 }
 
 #if DIFFTX_BF16_PAIRS
-// GCC 12 takes the undefined pass-through operand inside its AVX-512 shuffle
-// intrinsics for an uninitialised variable once they are inlined here (GCC
-// bug 105593): a false warning.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 // The micro-kernel and packers on AVX-512: C[MR, NR] += A's micro-panel ·
 // B's, MR · NV of the 32 vector registers holding C, NV the step of B's
 // panel, A's word broadcast from memory by the instruction itself.
@@ -265,9 +257,6 @@ struct avx512_bf16_pairs_of {
   }
 };
 using avx512_bf16_pairs = avx512_bf16_pairs_of<12, 2>;
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 #endif
 
 }  // namespace difftx::simd_detail

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "difftx/core/x86_intrinsics.hpp"  // before Eigen
 #include <Eigen/Core>
 
 #include "difftx/ops/linear.hpp"
@@ -63,13 +64,6 @@ void parallel_blocks(index_t rows, index_t cols, int threads, Block&& block) {
 // after the other (for_each_gemv_slice shares the rows out): Eigen's
 // matrix-vector product reads several rows side by side, which on Zen 4
 // streams slower (the bfloat16 row_dots' comment, gemm_bf16_pairs.hpp).
-// (GCC 12 warns falsely inside xsimd::hadd's AVX-512 shuffles once they are
-// inlined here, bug 105593: an undefined pass-through operand.)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 template <class A>
 A streamed_dot(const A* x, const A* row, index_t k) noexcept {
   using V = vec<A>;
@@ -89,9 +83,6 @@ A streamed_dot(const A* x, const A* row, index_t k) noexcept {
   for (; c < k; ++c) sum += x[c] * row[c];
   return sum;
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 // out[n] (=|+=) Σ_{k < depth} x[k] · w[n, k0 + k] for one panel of decoding
 // panels (ops/decoding_panels.hpp): the panel read front to back (float16 and

@@ -45,11 +45,7 @@ inline std::uint32_t read_through(int threads, std::span<const std::span<const s
           sums[l] += V::load_unaligned(reinterpret_cast<const word*>(bytes + i) + l * W);
       for (; i < end; ++i) total += static_cast<word>(bytes[i]);
     }
-    for (const auto& s : sums) {  // (not xsimd::hadd: GCC 12 warns falsely inside its AVX-512 shuffles, bug 105593)
-      alignas(64) std::array<word, W> lanes_of;
-      s.store_aligned(lanes_of.data());
-      for (const word w : lanes_of) total += w;
-    }
+    for (const auto& s : sums) total += xsimd::hadd(s);
   }
   return total;
 }

@@ -10,19 +10,10 @@
 namespace difftx {
 
 namespace simd_detail {
-// (GCC 12 warns falsely inside xsimd::exp's AVX-512 shifts once they are
-// inlined here, bug 105593: an undefined pass-through operand.)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 template <class A>
 vec<A> sigmoid(const vec<A>& z) {
   return vec<A>(A(1)) / (vec<A>(A(1)) + xsimd::exp(-z));
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 }  // namespace simd_detail
 
 // h[M, F] = swish(g) ⊙ u

@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 
+#include "difftx/core/x86_intrinsics.hpp"  // before Eigen
 #include <Eigen/Core>
 #include <xsimd/xsimd.hpp>
 
