@@ -48,7 +48,7 @@ def cell(value):
 
 
 def render(results):
-    out = [HEADER, ""]
+    out = [HEADER]
     for r in results:
         out.append(f"- [{r['question']}](#{anchor(r['question'])})")
     out.append("")
