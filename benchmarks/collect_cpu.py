@@ -353,7 +353,7 @@ def scaleout(raw, threads):
     reading = (f"Two ranks of one thread run the tensor-parallel layer {ratio(tp[0], tp[2])} as fast as one "
                f"process of one thread, against {ratio(tp[0], tp[1])} for one process of two threads: on "
                f"{os.cpu_count()} cores the ranks can at best match the threads. The point of scale-out is more "
-               f"machines or GPUs (docs/parallel.md has the communication per token); this shows the split costs "
+               f"machines or GPUs (docs/guide/scale-out.md has the communication per token); this shows the split costs "
                f"little.")
     return 9, "Scale-out over MPI", tables, reading
 
