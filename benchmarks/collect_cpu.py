@@ -213,9 +213,9 @@ def linear(raw, threads):
     f32 = [v for (r, v) in zip(rows, onednn_vs) if r[0] == "float32"]
     b16 = [v for (r, v) in zip(rows, onednn_vs) if r[0] == "bfloat16"]
     reading = (f"oneDNN's matmul runs at {span(f32)} difftx's own rate in float32 and {span(b16)} in bfloat16 on "
-               f"this CPU; PyTorch at {span(torch_vs)}. `policy::simd`'s automatic choice takes oneDNN only where "
-               f"it is measured faster for the type (bfloat16 on AMX tiles), so on a CPU without AMX the products "
-               f"stay difftx's own; decoding's few rows never go to oneDNN.")
+               f"this CPU; PyTorch at {span(torch_vs)}. `policy::simd{{.matmuls = automatic}}` takes oneDNN for the "
+               f"types where its kernels were measured faster than difftx's own (`onednn_measured_faster` in "
+               f"policy/simd/linear_onednn.hpp); decoding's few rows never go to oneDNN.")
     return 3, "Linear's products against oneDNN and PyTorch", tables, reading
 
 
