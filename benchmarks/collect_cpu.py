@@ -117,6 +117,11 @@ def policy_detail():
         return "simd"
 
 
+def table(caption, columns, rows, cmds):
+    """One table of a results file."""
+    return {"caption": caption, "columns": columns, "rows": rows, "commands": cmds}
+
+
 def read_json_text(text):
     return json.loads([l for l in text.splitlines() if l.startswith("{")][-1])
 
@@ -145,18 +150,18 @@ def layers(raw, threads):
     cmd = commands(raw, "peer.txt")
     torch_version = data["machine"].get("torch", "?")
     tables = [
-        {"caption": f"MultiHead, B = 1, C = 768, h = 6 differential heads of 2 x 64, causal, float32; milliseconds "
-                    f"(difftx: Google Benchmark, PyTorch {torch_version}: median of 3 after a warm-up). "
-                    f"Ratios are PyTorch's time over difftx's. The last column is difftx's matched baseline "
-                    f"`Attention` (12 standard heads of 64).",
-         "columns": ["N", "pass", "difftx", "PyTorch naive", "PyTorch SDPA", "naive / difftx", "SDPA / difftx",
-                     "difftx baseline"],
-         "rows": rows, "commands": cmd},
-        {"caption": f"The fused attention op alone, GFLOP/s over the causal (query, key) pairs; Eigen's SGEMM "
-                    f"at 2048³ on the same threads: {sgemm:.0f} GFLOP/s.",
-         "columns": ["N", "differential fwd", "differential bwd", "standard fwd", "standard bwd",
-                     "differential fwd / SGEMM", "differential bwd / SGEMM"],
-         "rows": op_rows, "commands": []}]
+        table(f"MultiHead, B = 1, C = 768, h = 6 differential heads of 2 x 64, causal, float32; milliseconds "
+              f"(difftx: Google Benchmark, PyTorch {torch_version}: median of 3 after a warm-up). "
+              f"Ratios are PyTorch's time over difftx's. The last column is difftx's matched baseline "
+              f"`Attention` (12 standard heads of 64).",
+              ["N", "pass", "difftx", "PyTorch naive", "PyTorch SDPA", "naive / difftx", "SDPA / difftx",
+               "difftx baseline"],
+              rows, cmd),
+        table(f"The fused attention op alone, GFLOP/s over the causal (query, key) pairs; Eigen's SGEMM "
+              f"at 2048³ on the same threads: {sgemm:.0f} GFLOP/s.",
+              ["N", "differential fwd", "differential bwd", "standard fwd", "standard bwd",
+               "differential fwd / SGEMM", "differential bwd / SGEMM"],
+              op_rows, [])]
     reading = (f"difftx's MultiHead is {span(vs_naive)} as fast as PyTorch's naive recipe (both N x N maps "
                f"materialised) and {span(vs_sdpa)} as fast as its two-SDPA-call recipe, the gap growing with N: "
                f"PyTorch's cost there is the N x N maps, difftx's attention is one fused kernel whose memory is "
@@ -172,10 +177,10 @@ def bfloat16(raw, threads):
         for key, label in (("forward_ms", "forward"), ("forward_backward_ms", "forward + backward")):
             speed.append(f[key] / b[key])
             rows.append([m, label, ms(f[key]), ms(b[key]), ratio(f[key], b[key]), b["policy_detail"]])
-    tables = [{"caption": "B = 1, N = 2048, C = 768, h = 6 (SwiGLU: F = 2048), causal; median milliseconds of 3 "
-                          "after a warm-up. The last column is what bfloat16's products ran on.",
-               "columns": ["module", "pass", "float32 ms", "bfloat16 ms", "bfloat16 speed vs float32", "bfloat16 policy"],
-               "rows": rows, "commands": commands(raw, "*.float32.json", "*.bfloat16.json")}]
+    tables = [table("B = 1, N = 2048, C = 768, h = 6 (SwiGLU: F = 2048), causal; median milliseconds of 3 "
+                    "after a warm-up. The last column is what bfloat16's products ran on.",
+                    ["module", "pass", "float32 ms", "bfloat16 ms", "bfloat16 speed vs float32", "bfloat16 policy"],
+                    rows, commands(raw, "*.float32.json", "*.bfloat16.json"))]
     reading = (f"bfloat16 runs at {span(speed)} float32's speed here with half the memory for weights and "
                f"activations. bfloat16 is stored as such and computed in float: its products run on the CPU's "
                f"bfloat16 dot-product instruction where `policy::simd` measured that faster (\"vdpbf16ps\" in the "
@@ -202,14 +207,14 @@ def linear(raw, threads):
                 torch_vs.append(t / d if t else None)
                 rows.append([dtype, shape.replace("x", " x "), p, f"{d:.0f}", f"{o:.0f}" if o else "not built",
                              f"{t:.0f}" if t else "not run", ratio(o, d) if o else "n/a", ratio(t, d) if t else "n/a"])
-    tables = [{"caption": "GFLOP/s of Linear's products on M tokens x N outputs x K inputs (forward y = x·wᵀ; "
-                          "backward dx = dy·w and dw += dyᵀ·x); 2048³ and a 375M model's prefill shapes "
-                          "(512 tokens, C 1024 to F 4096 and back). difftx: `policy::simd{.matmuls = difftx}`, "
-                          "oneDNN: `.matmuls = onednn` (Google Benchmark); PyTorch: `torch.nn.functional.linear` "
-                          "and two matmuls, median of 5.",
-               "columns": ["dtype", "M x N x K", "pass", "difftx", "oneDNN", "PyTorch", "oneDNN / difftx",
-                           "PyTorch / difftx"],
-               "rows": rows, "commands": commands(raw, "difftx_bench.json", "peer.json")}]
+    tables = [table("GFLOP/s of Linear's products on M tokens x N outputs x K inputs (forward y = x·wᵀ; "
+                    "backward dx = dy·w and dw += dyᵀ·x); 2048³ and a 375M model's prefill shapes "
+                    "(512 tokens, C 1024 to F 4096 and back). difftx: `policy::simd{.matmuls = difftx}`, "
+                    "oneDNN: `.matmuls = onednn` (Google Benchmark); PyTorch: `torch.nn.functional.linear` "
+                    "and two matmuls, median of 5.",
+                    ["dtype", "M x N x K", "pass", "difftx", "oneDNN", "PyTorch", "oneDNN / difftx",
+                     "PyTorch / difftx"],
+                    rows, commands(raw, "difftx_bench.json", "peer.json"))]
     f32 = [v for (r, v) in zip(rows, onednn_vs) if r[0] == "float32"]
     b16 = [v for (r, v) in zip(rows, onednn_vs) if r[0] == "bfloat16"]
     reading = (f"oneDNN's matmul runs at {span(f32)} difftx's own rate in float32 and {span(b16)} in bfloat16 on "
@@ -237,17 +242,17 @@ def checkpoint(raw, threads):
         if p and not model_line:
             model_line = f"{p['parameters'] / 1e6:.0f}M parameters; transformers {p['transformers']}, torch {p['torch']}"
     cmds = commands(raw, "make", "difftx.float32.json", "peer.float32.txt", "difftx.bfloat16.json", "peer.bfloat16.txt")
-    tables = [{"caption": f"A random DiffLlama folder shaped like a 375M Llama-3 model (C 1024, 16 layers, 16 heads "
-                          f"of 64 as transformers counts them, 4 key/value heads, F 4096, V 128256 tied, llama3 "
-                          f"RoPE; {model_line or 'transformers not run'}), loaded in each dtype. A prompt of 128 "
-                          f"random tokens in one prefill, then 32 greedy decode steps; medians of 3. transformers: "
-                          f"`generate` with SDPA attention; its decode time is generate(32) minus generate(1). "
-                          f"\"of bound\": difftx's decode step time against the time this machine takes to read the "
-                          f"bytes a step must read (weights and cache), measured between steps.",
-               "columns": ["dtype", "difftx prefill tokens/s", "transformers prefill tokens/s",
-                           "difftx decode tokens/s", "transformers decode tokens/s", "decode: difftx / transformers",
-                           "difftx decode of bound"],
-               "rows": rows, "commands": cmds}]
+    tables = [table(f"A random DiffLlama folder shaped like a 375M Llama-3 model (C 1024, 16 layers, 16 heads "
+                    f"of 64 as transformers counts them, 4 key/value heads, F 4096, V 128256 tied, llama3 "
+                    f"RoPE; {model_line or 'transformers not run'}), loaded in each dtype. A prompt of 128 "
+                    f"random tokens in one prefill, then 32 greedy decode steps; medians of 3. transformers: "
+                    f"`generate` with SDPA attention; its decode time is generate(32) minus generate(1). "
+                    f"\"of bound\": difftx's decode step time against the time this machine takes to read the "
+                    f"bytes a step must read (weights and cache), measured between steps.",
+                    ["dtype", "difftx prefill tokens/s", "transformers prefill tokens/s",
+                     "difftx decode tokens/s", "transformers decode tokens/s", "decode: difftx / transformers",
+                     "difftx decode of bound"],
+                    rows, cmds)]
     reading = (f"difftx decodes this checkpoint at {span(decode_x)} transformers' speed and prefills at "
                f"{span(prefill_x)}. A decode step reads every weight once, so its speed follows the bytes: "
                f"bfloat16 reads half of float32's, and \"of bound\" says how close each step comes to the "
@@ -269,14 +274,14 @@ def lowbit(raw, threads):
     qk_rows = [[("float32" if k == "same" else "int8"), ms(qk[k]["forward_ms"]),
                 ratio(qk["same"]["forward_ms"], qk[k]["forward_ms"])] for k in ("same", "int8")]
     tables = [
-        {"caption": "One decode step of one DecoderLayer: C = 2048, h = 16 heads of 2 x 64, F = 5632, 4096 tokens "
-                    "in the cache, batch 1 (weights 51 M values); median of 10 steps.",
-         "columns": ["threads", "weights", "KV cache", "step ms", "tokens/s", "vs float32", "vs bfloat16"],
-         "rows": rows, "commands": commands(raw, "f32.*", "bf16.*", "int8.*", "w8.*", "kv8.*")},
-        {"caption": f"int8 Q·Kᵀ in the fused attention: MultiHead forward, B = 1, N = 2048, C = 768, h = 6, "
-                    f"float32, {threads} threads; median of 5.",
-         "columns": ["Q·Kᵀ", "forward ms", "speed vs float32"],
-         "rows": qk_rows, "commands": commands(raw, "qk.*")}]
+        table("One decode step of one DecoderLayer: C = 2048, h = 16 heads of 2 x 64, F = 5632, 4096 tokens "
+              "in the cache, batch 1 (weights 51 M values); median of 10 steps.",
+              ["threads", "weights", "KV cache", "step ms", "tokens/s", "vs float32", "vs bfloat16"],
+              rows, commands(raw, "f32.*", "bf16.*", "int8.*", "w8.*", "kv8.*")),
+        table(f"int8 Q·Kᵀ in the fused attention: MultiHead forward, B = 1, N = 2048, C = 768, h = 6, "
+              f"float32, {threads} threads; median of 5.",
+              ["Q·Kᵀ", "forward ms", "speed vs float32"],
+              qk_rows, commands(raw, "qk.*"))]
     one = best[0]
     reading = (f"With int8 weights and an int8 cache the step is {one[1]:.2f}x float32's and {one[2]:.2f}x "
                f"bfloat16's speed on one thread" +
@@ -297,11 +302,11 @@ def v2(raw, threads):
             vs_v1.append(t["MultiHeadV2"] / t["MultiHead"])
             rows.append([str(n), label, ms(t["MultiHeadV2"]), ms(t["MultiHead"]), ms(t["Attention"]),
                          ratio(t["MultiHeadV2"], t["MultiHead"]), ratio(t["MultiHeadV2"], t["Attention"])])
-    tables = [{"caption": "B = 1, C = 768, causal, float32, milliseconds (Google Benchmark). V2: 12 output heads "
-                          "of 64 on 24 query heads and 12 key/value heads (matched to the baseline); V1: `MultiHead`, "
-                          "6 heads of 2 x 64; baseline: `Attention`, 12 heads of 64.",
-               "columns": ["N", "pass", "V2", "V1", "baseline", "V2 / V1", "V2 / baseline"],
-               "rows": rows, "commands": commands(raw, "difftx_bench.json")}]
+    tables = [table("B = 1, C = 768, causal, float32, milliseconds (Google Benchmark). V2: 12 output heads "
+                    "of 64 on 24 query heads and 12 key/value heads (matched to the baseline); V1: `MultiHead`, "
+                    "6 heads of 2 x 64; baseline: `Attention`, 12 heads of 64.",
+                    ["N", "pass", "V2", "V1", "baseline", "V2 / V1", "V2 / baseline"],
+                    rows, commands(raw, "difftx_bench.json"))]
     reading = (f"V2 costs {span(vs_base)} the baseline's time and {span(vs_v1)} V1's: its 2h query heads double "
                f"the baseline's attention work and its q_proj is twice as wide.")
     return 6, "Differential attention V2 against V1 and the baseline", tables, reading
@@ -318,12 +323,12 @@ def dynamic(raw, threads):
                 continue
             r.append(d["real_time"] / c["real_time"])
             rows.append([m, label, ms(c["real_time"]), ms(d["real_time"]), ratio(d["real_time"], c["real_time"])])
-    tables = [{"caption": "The same module with D = 64 compiled in (`MultiHead<float, 64, policy::simd>`) and "
-                          "given at run time (`MultiHead<float, dynamic, policy::simd>`, `.head_dim = 64`); "
-                          "B = 1, N = 1024, C = 768, h = 6 (DecoderLayer: F = 2048), float32, milliseconds "
-                          "(Google Benchmark).",
-               "columns": ["module", "pass", "compiled D ms", "run-time D ms", "run-time / compiled"],
-               "rows": rows, "commands": commands(raw, "difftx_bench.json")}]
+    tables = [table("The same module with D = 64 compiled in (`MultiHead<float, 64, policy::simd>`) and "
+                    "given at run time (`MultiHead<float, dynamic, policy::simd>`, `.head_dim = 64`); "
+                    "B = 1, N = 1024, C = 768, h = 6 (DecoderLayer: F = 2048), float32, milliseconds "
+                    "(Google Benchmark).",
+                    ["module", "pass", "compiled D ms", "run-time D ms", "run-time / compiled"],
+                    rows, commands(raw, "difftx_bench.json"))]
     reading = (f"The run-time head size takes {span(r)} the compiled one's time: both run the same kernels, "
                f"so a checkpoint with D = 40, 80 or 96 loses nothing by using `difftx::dynamic`.")
     return 7, "Run-time head size against a compiled one", tables, reading
@@ -345,11 +350,11 @@ def scaleout(raw, threads):
             cells.append(ms(row["real_time"]) if row and not (k == "mpi" and name.startswith("Whole")) else "—")
         rows.append([label] + cells)
     tp = [runs[k].get(names[3][0], {}).get("real_time") for k in ("t1", "t2", "mpi")]
-    tables = [{"caption": "One DecoderLayer (C = 768, h = 6, D = 64, F = 2048), float32, `policy::simd`, a global "
-                          "batch of 4 x 256 tokens, forward + backward; median milliseconds of 3 repetitions of 4 "
-                          "steps (Open MPI over shared memory).",
-               "columns": ["step", "1 process x 1 thread", "1 process x 2 threads", "2 ranks x 1 thread"],
-               "rows": rows, "commands": commands(raw, "t1.json", "t2.json", "mpi.json")}]
+    tables = [table("One DecoderLayer (C = 768, h = 6, D = 64, F = 2048), float32, `policy::simd`, a global "
+                    "batch of 4 x 256 tokens, forward + backward; median milliseconds of 3 repetitions of 4 "
+                    "steps (Open MPI over shared memory).",
+                    ["step", "1 process x 1 thread", "1 process x 2 threads", "2 ranks x 1 thread"],
+                    rows, commands(raw, "t1.json", "t2.json", "mpi.json"))]
     reading = (f"Two ranks of one thread run the tensor-parallel layer {ratio(tp[0], tp[2])} as fast as one "
                f"process of one thread, against {ratio(tp[0], tp[1])} for one process of two threads: on "
                f"{os.cpu_count()} cores the ranks can at best match the threads. The point of scale-out is more "
