@@ -5,7 +5,8 @@ file (JSON on stdout), the input of benchmarks/render_benchmarks.py:
   {"question", "order", "machine", "date", "quiet", "reproduce",
    "tables": [{"caption", "columns", "rows", "commands"}], "reading"}
 
-Rows hold the figures as they are printed. The reading is written from the
+Rows hold the figures as they are printed. The reading is
+benchmarks/questions.json's template for the question, filled with the
 figures here, so that a new measurement cannot keep an old conclusion.
 
     python3 benchmarks/collect_cpu.py QUESTION RAW_DIR > benchmarks/results/QUESTION.json
@@ -126,7 +127,7 @@ def read_json_text(text):
     return json.loads([l for l in text.splitlines() if l.startswith("{")][-1])
 
 
-# --- one function per question: (order, question, tables, reading) ---------------
+# --- one function per question: its tables, and the figures its reading quotes ----
 
 def layers(raw, threads):
     path = os.path.join(raw, "benchmarks.json")
@@ -162,11 +163,7 @@ def layers(raw, threads):
               ["N", "differential fwd", "differential bwd", "standard fwd", "standard bwd",
                "differential fwd / SGEMM", "differential bwd / SGEMM"],
               op_rows, [])]
-    reading = (f"difftx's MultiHead is {span(vs_naive)} as fast as PyTorch's naive recipe (both N x N maps "
-               f"materialised) and {span(vs_sdpa)} as fast as its two-SDPA-call recipe, the gap growing with N: "
-               f"PyTorch's cost there is the N x N maps, difftx's attention is one fused kernel whose memory is "
-               f"linear in N, next to the projections' GEMMs, which both sides run alike at small N.")
-    return 1, "CPU layers against PyTorch", tables, reading
+    return tables, {"vs_naive": span(vs_naive), "vs_sdpa": span(vs_sdpa)}
 
 
 def bfloat16(raw, threads):
@@ -181,11 +178,7 @@ def bfloat16(raw, threads):
                     "after a warm-up. The last column is what bfloat16's products ran on.",
                     ["module", "pass", "float32 ms", "bfloat16 ms", "bfloat16 speed vs float32", "bfloat16 policy"],
                     rows, commands(raw, "*.float32.json", "*.bfloat16.json"))]
-    reading = (f"bfloat16 runs at {span(speed)} float32's speed here with half the memory for weights and "
-               f"activations. bfloat16 is stored as such and computed in float: its products run on the CPU's "
-               f"bfloat16 dot-product instruction where `policy::simd` measured that faster (\"vdpbf16ps\" in the "
-               f"policy column), otherwise they convert while they pack.")
-    return 2, "bfloat16 against float32", tables, reading
+    return tables, {"speed": span(speed)}
 
 
 def linear(raw, threads):
@@ -217,11 +210,7 @@ def linear(raw, threads):
                     rows, commands(raw, "difftx_bench.json", "peer.json"))]
     f32 = [v for (r, v) in zip(rows, onednn_vs) if r[0] == "float32"]
     b16 = [v for (r, v) in zip(rows, onednn_vs) if r[0] == "bfloat16"]
-    reading = (f"oneDNN's matmul runs at {span(f32)} difftx's own rate in float32 and {span(b16)} in bfloat16 on "
-               f"this CPU; PyTorch at {span(torch_vs)}. `policy::simd{{.matmuls = automatic}}` takes oneDNN for the "
-               f"types where its kernels were measured faster than difftx's own (`onednn_measured_faster` in "
-               f"policy/simd/linear_onednn.hpp); decoding's few rows never go to oneDNN.")
-    return 3, "Linear's products against oneDNN and PyTorch", tables, reading
+    return tables, {"float32": span(f32), "bfloat16": span(b16), "torch": span(torch_vs)}
 
 
 def checkpoint(raw, threads):
@@ -253,11 +242,7 @@ def checkpoint(raw, threads):
                      "difftx decode tokens/s", "transformers decode tokens/s", "decode: difftx / transformers",
                      "difftx decode of bound"],
                     rows, cmds)]
-    reading = (f"difftx decodes this checkpoint at {span(decode_x)} transformers' speed and prefills at "
-               f"{span(prefill_x)}. A decode step reads every weight once, so its speed follows the bytes: "
-               f"bfloat16 reads half of float32's, and \"of bound\" says how close each step comes to the "
-               f"machine's read rate.")
-    return 4, "Decoding a checkpoint against transformers", tables, reading
+    return tables, {"decode": span(decode_x), "prefill": span(prefill_x)}
 
 
 def lowbit(raw, threads):
@@ -282,14 +267,9 @@ def lowbit(raw, threads):
               f"float32, {threads} threads; median of 5.",
               ["Q·Kᵀ", "forward ms", "speed vs float32"],
               qk_rows, commands(raw, "qk.*"))]
-    one = best[0]
-    reading = (f"With int8 weights and an int8 cache the step is {one[1]:.2f}x float32's and {one[2]:.2f}x "
-               f"bfloat16's speed on one thread" +
-               ("".join(f", {b[1]:.2f}x and {b[2]:.2f}x on {b[0]}" for b in best[1:])) +
-               ": a decode step reads its weights and cache once, so its time follows their bytes. int8 Q·Kᵀ "
-               f"changes the forward by {ratio(qk['same']['forward_ms'], qk['int8']['forward_ms'])}: Q·Kᵀ is a third "
-               f"of the attention's products (P·V stays float) and the attention about half of this forward.")
-    return 5, "Low-bit inference", tables, reading
+    more = "".join(f", {b[1]:.2f}x and {b[2]:.2f}x on {b[0]}" for b in best[1:])
+    return tables, {"float32": f"{best[0][1]:.2f}x", "bfloat16": f"{best[0][2]:.2f}x", "more_threads": more,
+                    "qk": ratio(qk["same"]["forward_ms"], qk["int8"]["forward_ms"])}
 
 
 def v2(raw, threads):
@@ -307,9 +287,7 @@ def v2(raw, threads):
                     "6 heads of 2 x 64; baseline: `Attention`, 12 heads of 64.",
                     ["N", "pass", "V2", "V1", "baseline", "V2 / V1", "V2 / baseline"],
                     rows, commands(raw, "difftx_bench.json"))]
-    reading = (f"V2 costs {span(vs_base)} the baseline's time and {span(vs_v1)} V1's: its 2h query heads double "
-               f"the baseline's attention work and its q_proj is twice as wide.")
-    return 6, "Differential attention V2 against V1 and the baseline", tables, reading
+    return tables, {"vs_base": span(vs_base), "vs_v1": span(vs_v1)}
 
 
 def dynamic(raw, threads):
@@ -329,9 +307,7 @@ def dynamic(raw, threads):
                     "(Google Benchmark).",
                     ["module", "pass", "compiled D ms", "run-time D ms", "run-time / compiled"],
                     rows, commands(raw, "difftx_bench.json"))]
-    reading = (f"The run-time head size takes {span(r)} the compiled one's time: both run the same kernels, "
-               f"so a checkpoint with D = 40, 80 or 96 loses nothing by using `difftx::dynamic`.")
-    return 7, "Run-time head size against a compiled one", tables, reading
+    return tables, {"ratio": span(r)}
 
 
 def scaleout(raw, threads):
@@ -355,12 +331,7 @@ def scaleout(raw, threads):
                     "steps (Open MPI over shared memory).",
                     ["step", "1 process x 1 thread", "1 process x 2 threads", "2 ranks x 1 thread"],
                     rows, commands(raw, "t1.json", "t2.json", "mpi.json"))]
-    reading = (f"Two ranks of one thread run the tensor-parallel layer {ratio(tp[0], tp[2])} as fast as one "
-               f"process of one thread, against {ratio(tp[0], tp[1])} for one process of two threads: on "
-               f"{os.cpu_count()} cores the ranks can at best match the threads. The point of scale-out is more "
-               f"machines or GPUs (docs/guide/scale-out.md has the communication per token); this shows the split costs "
-               f"little.")
-    return 9, "Scale-out over MPI", tables, reading
+    return tables, {"ranks": ratio(tp[0], tp[2]), "threads": ratio(tp[0], tp[1]), "cores": os.cpu_count()}
 
 
 QUESTIONS = {"layers": layers, "bfloat16": bfloat16, "linear": linear, "checkpoint": checkpoint, "lowbit": lowbit,
@@ -372,12 +343,15 @@ def main():
         sys.exit(f"usage: collect_cpu.py {{{','.join(QUESTIONS)}}} RAW_DIR")
     q, raw = sys.argv[1], sys.argv[2]
     threads = os.environ.get("THREADS", "2")
-    order, question, tables, reading = QUESTIONS[q](raw, threads)
-    print(json.dumps({"question": question, "order": order,
+    tables, values = QUESTIONS[q](raw, threads)
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "questions.json"), encoding="utf-8") as f:
+        about = json.load(f)[q]
+    print(json.dumps({"question": about["question"], "order": about["order"],
                       "machine": machine(threads) + f"; difftx: {policy_detail()}",
                       "date": time.strftime("%Y-%m-%d"), "quiet": os.environ.get("QUIET_STATE", "unchecked"),
                       "reproduce": f"benchmarks/measure_cpu.sh {q}", "tables": tables,
-                      "reading": reading + " " + quiet_note()}, indent=1, ensure_ascii=False))
+                      "reading": about["reading"].format(**values) + " " + quiet_note()}, indent=1,
+                     ensure_ascii=False))
 
 
 if __name__ == "__main__":
