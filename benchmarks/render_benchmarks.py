@@ -53,7 +53,8 @@ def render(results):
         out.append(f"- [{r['question']}](#{anchor(r['question'])})")
     out.append("")
     for r in results:
-        out += [f"## {r['question']}", "", f"{r['date']}; {r['machine']}.", ""]
+        out += [f"## {r['question']}", "", f"Measured {r['date']} on {r['machine']}.", "",
+                f"Reproduce: `{r['reproduce']}`", ""]
         for t in r["tables"]:
             out += [t["caption"], ""]
             out.append("| " + " | ".join(cell(c) for c in t["columns"]) + " |")
@@ -63,7 +64,7 @@ def render(results):
             out.append("")
             if t.get("commands"):
                 out += ["<details><summary>Commands</summary>", "", "```sh"] + t["commands"] + ["```", "", "</details>", ""]
-        out += [r["reading"], "", f"Reproduce: `{r['reproduce']}`", ""]
+        out += [r["reading"], ""]
     return "\n".join(out).rstrip() + "\n"
 
 
