@@ -49,7 +49,7 @@ def machine(threads):
     if "cpu family" in info:
         cpu += f" (family {info['cpu family']}, model {info.get('model', '?')})"
     return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB; flags: {' '.join(flags) or 'none of ' + ', '.join(FLAGS)}; "
-            f"{threads} threads per contender")
+            f"{threads} threads per contender, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
 
 
 def read_json_lines(path):

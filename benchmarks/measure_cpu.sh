@@ -15,7 +15,11 @@
 #   CKPT     a DiffLlama folder for "checkpoint" (default: a random 375M-parameter llama3-RoPE
 #            folder written by tools/make_big_checkpoint.py into the work folder)
 #   QUIET    1 (default): before each question wait until no compiler, ninja or ctest has run
-#            for 60 s (polled every 30 s; at most an hour of waiting in all); 0: measure at once
+#            for 60 s (polled every 30 s; at most WAIT_BUDGET seconds of waiting in all, default
+#            3600); 0: measure at once
+#   OMP_WAIT_POLICY  passive unless set: idle OpenMP threads sleep (difftx's and PyTorch's alike).
+#            Spinning threads are faster on an idle machine but lose badly to other processes
+#            on a busy one, and a measurement should not depend on which it met
 # Timings on a shared machine move; each reading says whether the machine was quiet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +28,8 @@ BUILD=${BUILD:-build/release}
 PYTHON=${PYTHON:-python3}
 THREADS=${THREADS:-2}
 QUIET=${QUIET:-1}
+WAIT_BUDGET=${WAIT_BUDGET:-3600}
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 questions=("$@")
 ((${#questions[@]})) || questions=(layers bfloat16 linear checkpoint lowbit v2 dynamic scaleout)
 
@@ -42,7 +48,7 @@ if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_RO
 "$PYTHON" -c 'import torch, transformers' 2>/dev/null && has_peers=1
 
 # Wait for a quiet machine: no cc1plus, ninja or ctest in three polls 30 s
-# apart. The waits of the whole run share one hour; once it is spent, each
+# apart. The waits of the whole run share WAIT_BUDGET; once it is spent, each
 # question is measured at once. What it found goes to $o/quiet for collect_cpu.py.
 echo 0 >"$work/waited"
 wait_quiet() {
@@ -55,8 +61,8 @@ wait_quiet() {
     else
       calm=0
     fi
-    if ((calm < 3 && waited + SECONDS - start >= 3600)); then
-      echo "measure_cpu: the machine did not get quiet within the hour of waiting; measuring anyway" >&2
+    if ((calm < 3 && waited + SECONDS - start >= WAIT_BUDGET)); then
+      echo "measure_cpu: the machine did not get quiet within $WAIT_BUDGET s of waiting; measuring anyway" >&2
       echo $((waited + SECONDS - start)) >"$work/waited"
       echo no >"$o/quiet"
       return
