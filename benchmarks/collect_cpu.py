@@ -282,8 +282,9 @@ def v2(raw, threads):
             vs_v1.append(t["MultiHeadV2"] / t["MultiHead"])
             rows.append([str(n), label, ms(t["MultiHeadV2"]), ms(t["MultiHead"]), ms(t["Attention"]),
                          ratio(t["MultiHeadV2"], t["MultiHead"]), ratio(t["MultiHeadV2"], t["Attention"])])
-    tables = [table("B = 1, C = 768, causal, float32, milliseconds (Google Benchmark). V2: 12 output heads "
-                    "of 64 on 24 query heads and 12 key/value heads (matched to the baseline); V1: `MultiHead`, "
+    tables = [table("B = 1, C = 768, causal, float32, milliseconds (Google Benchmark, median of 3 repetitions). "
+                    "V2: 12 output heads of 64 on 24 query heads and 12 key/value heads (matched to the "
+                    "baseline); V1: `MultiHead`, "
                     "6 heads of 2 x 64; baseline: `Attention`, 12 heads of 64.",
                     ["N", "pass", "V2", "V1", "baseline", "V2 / V1", "V2 / baseline"],
                     rows, commands(raw, "difftx_bench.json"))]
@@ -304,7 +305,7 @@ def dynamic(raw, threads):
     tables = [table("The same module with D = 64 compiled in (`MultiHead<float, 64, policy::simd>`) and "
                     "given at run time (`MultiHead<float, dynamic, policy::simd>`, `.head_dim = 64`); "
                     "B = 1, N = 1024, C = 768, h = 6 (DecoderLayer: F = 2048), float32, milliseconds "
-                    "(Google Benchmark).",
+                    "(Google Benchmark, median of 3 repetitions).",
                     ["module", "pass", "compiled D ms", "run-time D ms", "run-time / compiled"],
                     rows, commands(raw, "difftx_bench.json"))]
     return tables, {"ratio": span(r)}

@@ -156,11 +156,11 @@ measure() {  # question: its commands, outputs under $work/<question>
       wait_quiet
       run "$o/difftx_bench.json" env OMP_NUM_THREADS="$THREADS" "$bench" \
         '--benchmark_filter=^(MultiHeadV2|MultiHead|Attention)/simd/float32/(forward|forward_backward)/N:(512|2048)/' \
-        --benchmark_min_time=0.5 --benchmark_format=json ;;
+        --benchmark_min_time=0.5 --benchmark_repetitions=3 --benchmark_format=json ;;
     dynamic)  # the run-time head size against a compiled one
       wait_quiet
       run "$o/difftx_bench.json" env OMP_NUM_THREADS="$THREADS" "$bench" '--benchmark_filter=/simd/.*/D:(compiled|dynamic)/' \
-        --benchmark_min_time=0.5 --benchmark_format=json ;;
+        --benchmark_min_time=0.5 --benchmark_repetitions=3 --benchmark_format=json ;;
     scaleout)  # one DecoderLayer: 1 process, 1 and 2 threads, against 2 MPI ranks
       wait_quiet
       p=$work/bin/difftx_parallel_bench
