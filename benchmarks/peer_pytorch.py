@@ -30,18 +30,18 @@ Times, for the same shapes and thread count:
     forward + backward, first checked (output and every gradient) against the
     formulas in float64 at a small shape; and V2's head combination alone
     (op:diff_heads) as a share of the V2 module's time. Writes
-    docs/benchmarks_v2.json and prints its two tables (nothing else).
+    OUT/benchmarks_v2.json and prints its two tables (nothing else).
 
-Otherwise writes docs/benchmarks.json, prints the Markdown tables for
-docs/benchmarks.md, and draws docs/benchmarks_cpu.png (time vs N). Run from the
-repository root:
+Otherwise writes OUT/benchmarks.json (--out, default build/peer_pytorch) and
+prints its tables; benchmarks/measure_cpu.sh turns it into
+benchmarks/results/layers.json. Run from the repository root:
 
     python3 benchmarks/peer_pytorch.py [--threads 2] [--lengths 512 1024 2048 4096]
     /usr/bin/time -v python3 benchmarks/peer_pytorch.py --memory naive 4096   # peak memory of one recipe
     python3 benchmarks/peer_pytorch.py --decode --context 1024 [--decode-threads 1 2]   # cached decode step
     python3 benchmarks/peer_pytorch.py --v2 [--threads 2] [--lengths 512 1024 2048]   # differential attention V2
 
-needs torch (>= 2.0 for the sdpa recipe and --v2; enable_gqa from 2.5), numpy and matplotlib.
+needs torch (>= 2.0 for the sdpa recipe and --v2; enable_gqa from 2.5) and numpy.
 """
 
 import argparse
@@ -530,7 +530,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--binary", default="build/release/benchmarks/difftx_bench")
     ap.add_argument("--min-time", default="1")
-    ap.add_argument("--out", default="docs")
+    ap.add_argument("--out", default="build/peer_pytorch")
     ap.add_argument("--memory", nargs=2, metavar=("RECIPE", "N"),
                     help="only run one forward + backward of RECIPE (naive or sdpa) at length N, for /usr/bin/time -v")
     ap.add_argument("--decode", action="store_true",
@@ -603,27 +603,6 @@ def main():
         print(f"| {r['N']} | {r['op_diff_attention_forward_gflops']:.1f} | {r['op_diff_attention_backward_gflops']:.1f} | "
               f"{r['op_attention_forward_gflops']:.1f} | {r['op_attention_backward_gflops']:.1f} | "
               f"{r['op_diff_attention_forward_gflops'] / sgemm:.0%} | {r['op_diff_attention_backward_gflops'] / sgemm:.0%} |")
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    ns = [r["N"] for r in rows]
-    for ax, key, title in ((axes[0], "forward", "forward"), (axes[1], "forward_backward", "forward + backward")):
-        ax.plot(ns, [r[f"difftx_{key}_ms"] for r in rows], "o-", label="difftx simd")
-        ax.plot(ns, [r[f"naive_{key}_ms"] for r in rows], "s--", label="PyTorch naive")
-        if has_sdpa:
-            ax.plot(ns, [r[f"sdpa_{key}_ms"] for r in rows], "^--", label="PyTorch 2 x SDPA")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("N")
-        ax.set_ylabel("ms")
-        ax.set_title(f"MultiHead {title}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle(f"C={C}, h={H}, D={D}, causal, float32, {args.threads} threads, {machine['date']}")
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "benchmarks_cpu.png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-// The README's usage snippet, compiled so it cannot go stale.
+// The README's ten lines of C++, compiled and run by CTest so they cannot go stale.
 #include <iostream>
 
 #include <difftx/difftx.hpp>
@@ -20,4 +20,5 @@ int main() {
   auto check = testing::gradcheck(small, x64);                    // finite differences vs the backward
   std::cout << check.report() << (check.passed() ? "pass\n" : "FAIL\n");
   // [readme-snippet]
+  return check.passed() ? 0 : 1;
 }

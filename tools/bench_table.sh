@@ -1,5 +1,5 @@
 #!/bin/sh
-# The README's benchmark table: `difftx bench` on a fixed set of shapes,
+# The quick start's benchmark table: `difftx bench` on a fixed set of shapes,
 # forward and forward + backward, as one Markdown table (a second on simd, about
 # 30 s on the reference policy, on 2 cores). Where the tool has policy::cuda and
 # a device is present, and no --policy is given, each shape gets a cuda row too.

@@ -38,7 +38,8 @@ using built_policies = std::tuple<policy_entry<policy::reference>>;
 #else
 // 64 and 128: the usual head sizes of 128 and 256 split in two maps. A compiled
 // D runs the same kernels as dynamic (they read d from the shapes), so more
-// entries would only lengthen the build (docs/benchmarks.md: run-time D).
+// entries would only lengthen the build (docs/benchmarks.md: "Run-time head
+// size against a compiled one").
 using built_policies = std::tuple<policy_entry<policy::reference, 64, 128>, policy_entry<policy::simd, 64, 128>>;
 #endif
 

@@ -11,8 +11,8 @@
 // row and x no longer fit in L1 side by side, every row reads x again from L2
 // and W streams below the machine's read rate; the panels stream W once with
 // y in L1 instead (float32's down_proj of a 1B model is such a product, and
-// bfloat16's where the product widens x to float; docs/benchmarks.md,
-// "Seventh pass", has the rates). They cost W's bytes once more; as with
+// bfloat16's where the product widens x to float; the rates measured then
+// are in docs/benchmarks.md's git history). They cost W's bytes once more; as with
 // int8, W stays what parameters() and files see (and what a prompt
 // multiplies), a new value there needs add_decoding_panels() again, and
 // backward refuses.

@@ -20,7 +20,7 @@
 // The buckets are reduced after the backward, not during it: difftx's
 // backward is one call per module, and Open MPI's non-blocking collectives
 // only progress inside MPI calls, so an all-reduce started mid-backward would
-// wait for the next one anyway (docs/parallel.md).
+// wait for the next one anyway (docs/guide/scale-out.md).
 #pragma once
 
 #include <algorithm>

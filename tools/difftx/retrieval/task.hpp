@@ -34,7 +34,7 @@ namespace difftx::retrieval {
 // The defaults are sized so that retrieval (not only copying some value from
 // the context) can be learned in 2000 steps of 16 sequences on the reference
 // policy: with 16 keys neither model bound keys to values in that budget, with
-// 8 it depended on the seed, with 6 DIFF did on seeds 1 and 2 (README).
+// 8 it depended on the seed, with 6 DIFF did on seeds 1 and 2 (docs/guide/training.md).
 struct task_config {
   index_t context = 48;      // tokens per sequence (48 holds 6 needles and 2 queries with room to move)
   index_t keys = 6;          // distinct key tokens (the fewest that 6 needles need)

@@ -9,7 +9,7 @@
 // keys and values for every group at once, position after position, the
 // cache's own order (a position's groups lie side by side, so a group's rows
 // alone are a few hundred bytes a few KiB apart, a pattern that reads memory
-// well below its streaming rate; docs/benchmarks.md, "Tenth pass"). Blocks
+// well below its streaming rate, half of it on a 1B model's cache). Blocks
 // are as long as a thread's share of the keys, up to max_block_keys. Each
 // block leaves per group, query row and map its maximum, sum of exponentials
 // and unnormalised P V. A second pass combines the blocks of a row by

@@ -67,8 +67,8 @@ accum_t<T>* pack_block_rows(const T* first, index_t stride, index_t rows, index_
 
 // Key block kb of (batch row b, group j) into out, a block of rows at a time,
 // so every write is sequential (written a key at a time, the transposed
-// copies took a cache line per element; docs/benchmarks.md, "The backward,
-// second pass"). Rows without a row-major home (the forward's keys, the
+// copies took a cache line per element, a visible share of the backward).
+// Rows without a row-major home (the forward's keys, the
 // backward's values) go through `staging`.
 template <int Maps, class T>
 void pack_key_block(cview<T, 5> k, cview<T, 4> v, index_t b, index_t j, index_t kb, packed_keys<accum_t<T>>& out,

@@ -25,8 +25,8 @@
 // decoding kernels keep several partial sums in an array indexed by a short
 // constant loop; GCC 12 at -O2 leaves such loops rolled and the sums in
 // memory (a store and a load per step), which held those kernels below the
-// rate one core streams from memory (docs/benchmarks.md, "A 1B DiffLlama
-// checkpoint", DIFFTX_UNROLL). Users' builds are often -O2.
+// rate one core streams from memory (measured with a 1B checkpoint; see
+// docs/benchmarks.md's git history). Users' builds are often -O2.
 #define DIFFTX_PRAGMA(text) _Pragma(#text)
 #if defined(__clang__)
 #define DIFFTX_UNROLL(n) DIFFTX_PRAGMA(unroll n)
@@ -89,8 +89,7 @@ inline int thread_count(const policy::simd& p, index_t values) noexcept {
 
 // n elements of T as the accumulation type, into out. A bfloat16 is the top
 // half of a float's bits: a shift the compiler vectorises (Eigen's cast goes
-// element by element, which made packing several times slower;
-// docs/benchmarks.md, "Figures behind code comments"). Eigen vectorises the
+// element by element, which made packing several times slower). Eigen vectorises the
 // float16 conversion with F16C / AVX-512 where the target has them.
 template <class T>
 void to_accum(const T* in, index_t n, accum_t<T>* out) {
@@ -314,8 +313,7 @@ accum_t<T>* output_chunk(T* out, accum_t<T>* scratch) {
 // Scratch for the kernels' tiles, aligned to the vector width: std::vector's
 // buffers are 16-byte aligned, so half of the 32-byte loads of a tile could
 // straddle two cache lines, each such load a second cache access, which
-// the tile products' inner loops feel (docs/benchmarks.md, "Figures behind
-// code comments").
+// the tile products' inner loops feel (the attention backward ran slower).
 template <class A>
 using aligned_vector = std::vector<A, Eigen::aligned_allocator<A>>;
 

@@ -138,9 +138,9 @@ void split_pairs(const T* x, index_t K, float* split) {
 // exact; the sums are in float, in another order than dots_with_rows'. One
 // row after the other, each read as one sequential stream into four partial
 // sums, so that a slice of rows is one stream (gemm_bf16_pairs.hpp's
-// row_dots): W rows side by side, as dots_with_rows reads them, made the
-// 1B checkpoint's bfloat16 decode with --bf16-product converting 1.15-1.2x
-// slower on Zen 4 (58-61 against 49-54 ms per token, docs/benchmarks.md).
+// row_dots): W rows side by side, as dots_with_rows reads them, made a
+// 1B checkpoint's bfloat16 decode with --bf16-product converting about a
+// sixth slower on Zen 4.
 inline void bf16_pair_dots(const float* split, const Eigen::bfloat16* first, index_t stride, index_t rows, index_t k,
                            float* out) {
   using V = vec<float>;

@@ -151,7 +151,7 @@ struct avx512_bf16_pairs_of {
   // which reads closest to a plain sequential read: rows side by side are
   // several streams at once, fewer partial sums leave the instruction's
   // latency exposed, and more no longer fit the registers beside acc
-  // (docs/benchmarks.md, "A 1B DiffLlama checkpoint", has the rates).
+  // (the rates measured then are in docs/benchmarks.md's git history).
   static constexpr index_t dot_rows = 16;
   [[gnu::target("avx512f,avx512bw,avx512bf16")]] static void row_dots(const Eigen::bfloat16* x,
                                                                       const Eigen::bfloat16* first, index_t stride,
