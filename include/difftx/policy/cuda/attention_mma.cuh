@@ -21,6 +21,8 @@
 // group, S^T = K Q^T and dP^T = V dO^T (keys as rows, so dK and dV accumulate
 // in registers), dS^T = c P^T ⊙ (dP^T - D) goes through shared memory to form
 // dQ = dS K for the block's 64 queries, added to a float dQ with atomics.
+// (One file, a little over 450 lines: the two kernels share the fragment
+// layouts above and their helpers, and read best next to each other.)
 #pragma once
 
 #include <cfloat>
