@@ -141,7 +141,7 @@ void exponentiate_row(A* p, index_t n, A shift) {
   using V = vec<A>;
   constexpr index_t W = V::size;
   index_t t = 0;
-  for (; t + W <= n; t += W) xsimd::exp(V::load_unaligned(p + t) - V(shift)).store_unaligned(p + t);
+  for (; t + W <= n; t += W) exponential(V::load_unaligned(p + t) - V(shift)).store_unaligned(p + t);
   for (; t < n; ++t) p[t] = std::exp(p[t] - shift);
 }
 // The same for a tile row: then 0 for t in [n, attention_block).

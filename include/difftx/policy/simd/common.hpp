@@ -70,6 +70,20 @@ xsimd::batch<A, Arch> negative_multiply_add(const xsimd::batch<A, Arch>& x, cons
     return xsimd::fnma(x, y, z);
 }
 
+// e^z. On AVX-512, xsimd 8's exp multiplies and adds in two roundings (the
+// missing fma above) and so runs slower under -ffp-contract=off; Eigen's packet
+// exp evaluates its polynomial with fused multiply-adds, so it is taken where
+// its packet has vec<A>'s width, and xsimd's elsewhere.
+template <class A>
+vec<A> exponential(const vec<A>& z) noexcept {
+  using packet = typename Eigen::internal::packet_traits<A>::type;
+  if constexpr (Eigen::internal::packet_traits<A>::HasExp &&
+                sizeof(packet) == sizeof(A) * vec<A>::size)
+    return Eigen::internal::pexp(static_cast<packet>(z));
+  else
+    return xsimd::exp(z);
+}
+
 inline int thread_count(const policy::simd& p) noexcept {
 #if defined(_OPENMP)
   return p.threads > 0 ? p.threads : omp_get_max_threads();

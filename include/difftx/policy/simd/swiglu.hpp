@@ -12,7 +12,7 @@ namespace difftx {
 namespace simd_detail {
 template <class A>
 vec<A> sigmoid(const vec<A>& z) {
-  return vec<A>(A(1)) / (vec<A>(A(1)) + xsimd::exp(-z));
+  return vec<A>(A(1)) / (vec<A>(A(1)) + exponential(-z));
 }
 }  // namespace simd_detail
 
