@@ -13,7 +13,7 @@
 #include <vector>
 
 #include <difftx/difftx.hpp>
-#include <Eigen/Core>
+#include <Eigen/Core>  // after difftx's headers, which include <immintrin.h> first (core/x86_intrinsics.hpp)
 #include <difftx/policy/simd.hpp>
 #include <difftx/policy/simd/memory_read.hpp>
 

@@ -84,7 +84,7 @@ void bench_model(const model_bench_options& o) {
   for (const auto& policy : o.policies) {
     const auto model = make_language_model_runner(spec, policy, type);
     source.load_into(*model);
-    model_timing row{policy, policy_description(policy, model->bf16_product()), model->threads()};
+    model_timing row{policy, policy_description(policy, model->product_kernel()), model->threads()};
     const auto weights = model->weights_read_per_token();
     for (const auto& w : weights) row.weight_bytes += static_cast<double>(w.size());
     std::vector<double> prefill, decode, cache_bytes, reads, shares, weight_shares;

@@ -85,7 +85,7 @@ bench_row time_policy(const bench_options& o, const module_spec& spec, const std
   auto module = make_runner(spec, policy, type);
   module->set_input(input, "random input");
   module->set_grad_output(input, "random grad_output");
-  bench_row row{.policy = policy, .description = policy_description(policy, module->bf16_product()),
+  bench_row row{.policy = policy, .description = policy_description(policy, module->product_kernel()),
                 .threads = module->threads()};
   const auto compiled = compiled_head_dims(policy);
   row.compiled_head_dim = spec.kind->compiled_head_dims() &&

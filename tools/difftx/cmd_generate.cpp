@@ -113,7 +113,7 @@ void generate(const generate_options& o) {
     std::printf("difftx generate: %s, %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td; %s, %s "
                 "(weights %s, KV cache %s), %d thread%s\n",
                 source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads, a.kv_heads,
-                a.head_dim, l.ffn_dim, policy_description(o.policy, model->bf16_product()).c_str(), o.dtype.c_str(),
+                a.head_dim, l.ffn_dim, policy_description(o.policy, model->product_kernel()).c_str(), o.dtype.c_str(),
                 o.weights_dtype.c_str(), o.kv_dtype.c_str(), model->threads(), model->threads() == 1 ? "" : "s");
   if (tokenizer && !o.json) std::printf("prompt: %s\n", joined_ids(prompt).c_str());
   if (tokenizer && !o.json) std::printf("text: ");
@@ -142,7 +142,7 @@ void generate(const generate_options& o) {
                      {"decode_ms", decode_ms}, {"model", o.model}, {"model_kind", source.kind()},
                      {"layers", spec.layers.size()}, {"vocab_size", spec.model.vocab_size},
                      {"d_model", a.d_model}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
-                     {"ffn_dim", l.ffn_dim}, {"policy", o.policy}, {"policy_detail", policy_description(o.policy, model->bf16_product())},
+                     {"ffn_dim", l.ffn_dim}, {"policy", o.policy}, {"policy_detail", policy_description(o.policy, model->product_kernel())},
                      {"dtype", o.dtype}, {"weights_dtype", o.weights_dtype}, {"kv_dtype", o.kv_dtype},
                      {"threads", model->threads()}};
     j["decode_ms_per_token"] = steps > 0 ? nlohmann::json(decode_ms / static_cast<double>(steps)) : nlohmann::json();

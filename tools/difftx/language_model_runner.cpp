@@ -12,7 +12,7 @@
 #include <difftx/io/npy.hpp>
 
 #include "policies.hpp"
-#include "runner_impl.hpp"  // policy_threads, bf16_product_of, detail::make_policy
+#include "runner_impl.hpp"  // policy_threads, product_kernel_of, detail::make_policy
 
 namespace difftx::cli {
 
@@ -85,7 +85,7 @@ class model_runner final : public language_model_runner {
     return read;
   }
   int threads() const override { return policy_threads(model_.policy()); }
-  std::string bf16_product() const override { return bf16_product_of<T>(model_.policy()); }
+  std::string product_kernel() const override { return product_kernel_of<T>(model_.policy()); }
 
  private:
   template <class Source>

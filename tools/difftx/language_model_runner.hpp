@@ -81,8 +81,8 @@ class language_model_runner {
   // and values (KVCache::stored_regions), its own token's row included.
   virtual std::vector<std::span<const std::byte>> cache_read_per_token() const = 0;
   virtual int threads() const = 0;
-  // The path of bfloat16 matrix products ("vdpbf16ps", "converting"), "" where none applies.
-  virtual std::string bf16_product() const = 0;
+  // What its matrix products of many rows run on (runner::product_kernel), "" where none applies.
+  virtual std::string product_kernel() const = 0;
 };
 
 // Policies a language model runs on: the registry's host policies (policies.hpp).

@@ -55,10 +55,10 @@ class runner {
   // needs: the host clock, or device events read after the device is done.
   virtual double elapsed_ms(const std::function<void()>& work) const = 0;
   virtual int threads() const = 0;
-  // What this runner's bfloat16 matrix products run on ("vdpbf16ps" or
-  // "converting": to float while packed), or "" where that is not a choice
-  // (other types and policies).
-  virtual std::string bf16_product() const { return ""; }
+  // What this runner's matrix products of many rows run on: oneDNN's kernel
+  // ("onednn brg:avx512_core"), else for bfloat16 difftx's own path
+  // ("vdpbf16ps", or "converting": to float while packed); "" where none applies.
+  virtual std::string product_kernel() const { return ""; }
   // What ran this runner's attention calls so far, "cudnn 4" or "difftx tensor
   // cores 2, cudnn 2", where the policy counts them (cuda); else "".
   virtual std::string attention_paths() const { return ""; }

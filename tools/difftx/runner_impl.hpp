@@ -53,7 +53,7 @@ int policy_threads([[maybe_unused]] const Policy& policy) {
 // kernel where it takes them (simd's matmuls), else for bfloat16 simd's path
 // ("vdpbf16ps" or "converting", bf16_products resolved for this CPU); "" otherwise.
 template <class T, class Policy>
-std::string bf16_product_of(const Policy& policy) {
+std::string product_kernel_of(const Policy& policy) {
   if constexpr (requires { policy.template matmul_kernel<T>(); })
     if (auto kernel = policy.template matmul_kernel<T>(); !kernel.empty()) return kernel;
   if constexpr (std::is_same_v<T, Eigen::bfloat16> && requires { policy.bf16_product_used(); })
@@ -184,7 +184,7 @@ class module_runner final : public runner {
   }
 
   int threads() const override { return policy_threads(module_.policy()); }
-  std::string bf16_product() const override { return bf16_product_of<T>(module_.policy()); }
+  std::string product_kernel() const override { return product_kernel_of<T>(module_.policy()); }
   std::string attention_paths() const override { return attention_paths_of(module_.policy()); }
 
  private:

@@ -17,9 +17,10 @@ namespace difftx::simd_detail {
 
 #if defined(DIFFTX_ONEDNN)
 // Whether automatic takes oneDNN for T: where its kernels were measured faster
-// than difftx's own products (docs/benchmarks.md, "oneDNN"): float and
-// bfloat16 on Zen 4 (brgemm on AVX-512 and AVX512_BF16) and on an AMX Xeon.
-// float16 (kernels only with AVX512_FP16) has not been measured: forced only.
+// than difftx's own products (docs/benchmarks.md, "Linear's products against
+// oneDNN and PyTorch"): float and bfloat16 on Zen 4 (brgemm on AVX-512 and
+// AVX512_BF16) and on an AMX Xeon. float16 (kernels only with AVX512_FP16)
+// has not been measured: forced only.
 template <class T>
 constexpr bool onednn_measured_faster() {
   return std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16>;
