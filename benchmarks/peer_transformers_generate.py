@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time transformers' own greedy generate on a DiffLlama checkpoint, on the CPU.
+"""Time transformers' own greedy generate on a DiffLlama checkpoint, on the CPU or a GPU.
 
 The peer for difftx's decode-speed comparison: Hugging Face transformers'
 DiffLlamaForCausalLM.generate (greedy, do_sample=False, its default KV cache),
@@ -23,6 +23,10 @@ time the same steps but adds a Python callback per token to what is measured; th
 difference of two plain generate calls measures generate exactly as users call it.
 EOS is switched off (generation_config.eos_token_id = None) so that every call
 produces exactly the tokens asked for; this is checked.
+
+Device: --device cpu (the default) or cuda (the model and prompt moved to the
+GPU; each generate call ends with torch.cuda.synchronize() before its clock
+stops, so the times include all its GPU work).
 
 Attention: --attn sdpa (the default, transformers' default on CPU: two
 torch.nn.functional.scaled_dot_product_attention calls per layer in DiffLlama) or
@@ -53,6 +57,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = ap.parse_args()
     if a.new_tokens < 2 or a.prompt_tokens < 1 or a.repeats < 1:
         sys.exit("peer_transformers_generate: needs --new-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1")
@@ -69,20 +74,22 @@ def main():
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
     t0 = time.perf_counter()
-    model = DiffLlamaForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation=a.attn).eval()
+    model = DiffLlamaForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation=a.attn).eval().to(a.device)
     load_s = time.perf_counter() - t0
     model.generation_config.eos_token_id = None
     cfg = model.config
     params = sum(p.numel() for p in model.parameters())
 
     gen = torch.Generator().manual_seed(a.seed)
-    prompt = torch.randint(3, cfg.vocab_size, (1, a.prompt_tokens), generator=gen)
+    prompt = torch.randint(3, cfg.vocab_size, (1, a.prompt_tokens), generator=gen).to(a.device)
     mask = torch.ones_like(prompt)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
 
     def run(k):
         t = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(prompt, attention_mask=mask, max_new_tokens=k, do_sample=False, pad_token_id=0)
+        sync()
         t = time.perf_counter() - t
         if out.shape[1] != a.prompt_tokens + k:
             sys.exit(f"peer_transformers_generate: generate gave {out.shape[1] - a.prompt_tokens} new tokens, not {k}")
@@ -98,11 +105,12 @@ def main():
     steps = a.new_tokens - 1
     tok_s = steps / decode if decode > 0 else float("inf")
 
-    print(f"model {a.model}: {params / 1e6:.1f}M parameters, {a.dtype}, attn {a.attn}, {a.threads} threads")
+    where = torch.cuda.get_device_name() if a.device == "cuda" else f"{a.threads} threads"
+    print(f"model {a.model}: {params / 1e6:.1f}M parameters, {a.dtype}, attn {a.attn}, {where}")
     print(f"prefill ({a.prompt_tokens} tokens): {prefill * 1e3:.1f} ms (median of {a.repeats})")
     print(f"decode ({steps} steps after the first token): {decode / steps * 1e3:.2f} ms/token, {tok_s:.2f} tokens/s")
     row = {"peer": "transformers.generate", "model": os.path.abspath(a.model), "parameters": params,
-           "dtype": a.dtype, "attn_implementation": a.attn, "threads": a.threads,
+           "dtype": a.dtype, "attn_implementation": a.attn, "device": where, "threads": a.threads,
            "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens, "repeats": a.repeats,
            "prefill_ms": prefill * 1e3, "decode_ms_per_token": decode / steps * 1e3, "decode_tokens_per_s": tok_s,
            "t_generate_1_s": t1, "t_generate_k_s": tk, "load_s": load_s,

@@ -320,3 +320,72 @@ TEST_CASE("cli models: generate and bench --model take int8 weights and an int8 
     CHECK(j.at(field).is_null());  // int8 weights: decoding reads their int8 copy, not the parameters' bytes
   expect_usage_error(generate + " --kv-dtype int4", {"--kv-dtype", "int4"});
 }
+
+// Language models on the GPU through the tool (ctest -L gpu runs it where a
+// device is): the same fixtures and bars as the CPU cases above, since
+// policy::cuda computes float32 in float32 and float64 in double throughout.
+TEST_CASE("cli gpu: run, generate and bench --model on --policy cuda give what the CPU gives") {
+  const hf_expected e("llama3_legacy");  // bfloat16 file, GQA, tied head, llama3 RoPE from 4.x keys
+  const std::string prompt = " --prompt " + e.joined(e.prompt) + " --max-new-tokens " + std::to_string(e.greedy.size());
+  const std::string generate = "generate --model " + q(hf_data / "llama3_legacy") + prompt + " --json --policy cuda";
+  const auto cuda = probe_cuda();
+  if (cuda != cuda_in_tool::ready) {
+    const bool built = cuda == cuda_in_tool::no_device;
+    MESSAGE((built ? "no CUDA device" : "this difftx is built without CUDA"));
+    expect_usage_error(generate, {"--policy", built ? "no CUDA device was found" : "is not built into"});
+    return;
+  }
+  test_support::temp_folder folder;
+  for (const std::string name : {"llama3", "llama3_legacy", "sharded"}) {
+    INFO(name);
+    const hf_expected expected(name);
+    write_token_npy(folder / "ids.npy", expected.tokens, true);
+    const std::string base = "run --model " + q(hf_data / name) + " --tokens " + q(folder / "ids.npy") + " --output " +
+                             q(folder / "logits.npy") + " --policy cuda";
+    auto r = difftx_cli(base + " --dtype float64");
+    INFO("stderr: " << r.err);
+    REQUIRE(r.code == 0);
+    CHECK(relative_to(io::read_npy(folder / "logits.npy"), expected.file.at("logits.f64", "test", name)) <= 2e-6);
+    CHECK(relative_to(io::read_npy(folder / "logits.npy"), expected.file.at("logits.exact", "test", name)) <= 1e-12);
+    r = difftx_cli(base + " --dtype float32");
+    REQUIRE(r.code == 0);
+    CHECK(relative_to(io::read_npy(folder / "logits.npy"), expected.file.at("logits.f32", "test", name)) <= 2e-4);
+  }
+  // Greedy: transformers' tokens. Sampled: the reference policy's tokens for the same seed.
+  auto r = difftx_cli(generate + " --dtype float64");
+  INFO("stderr: " << r.err);
+  REQUIRE(r.code == 0);
+  CHECK(nlohmann::json::parse(r.out).at("tokens").get<std::vector<long long>>() == e.greedy);
+  const std::string sampled = " --dtype float64 --temperature 0.8 --top-k 20 --top-p 0.9 --seed 7";
+  const auto on_cpu = difftx_cli("generate --model " + q(hf_data / "llama3_legacy") + prompt + " --json --policy reference" + sampled);
+  r = difftx_cli(generate + sampled);
+  REQUIRE(on_cpu.code == 0);
+  REQUIRE(r.code == 0);
+  CHECK(nlohmann::json::parse(r.out).at("tokens") == nlohmann::json::parse(on_cpu.out).at("tokens"));
+  // Text in, text out, on the GPU.
+  const hf_expected text("tokenizer");
+  r = difftx_cli("generate --model " + q(hf_data / "tokenizer") + " --text '" + text.metadata.at("prompt.text") +
+                 "' --max-new-tokens " + std::to_string(text.greedy.size()) + " --dtype float64 --policy cuda");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("tokens: " + text.joined(text.greedy) + "\n") != std::string::npos);
+  CHECK(r.out.find("text: " + text.metadata.at("text.decoded") + "\n") != std::string::npos);
+  // One table of CPU and GPU for the same folder; the GPU's bound read by the device.
+  r = difftx_cli("bench --model " + q(hf_data / "gqa") + " --seq 6 --new-tokens 3 --repeats 1 --policy simd,cuda --json");
+  REQUIRE(r.code == 0);
+  std::stringstream lines(r.out);
+  std::vector<std::string> policies;
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    policies.push_back(j.at("policy"));
+    for (const char* field : {"prefill_ms", "decode_ms_per_token", "bound_read_ms", "read_GBps", "decode_share_of_bound"})
+      CHECK(j.at(field).get<double>() > 0);
+  }
+  CHECK(policies == std::vector<std::string>{"simd", "cuda"});
+  // int8 storage is the CPU policies': bad input, one line, before any decoding.
+  r = difftx_cli(generate + " --weights-dtype int8");
+  CHECK(r.code == 3);
+  check_message(r.err, {"policy", "int8"});
+  r = difftx_cli(generate + " --kv-dtype int8");
+  CHECK(r.code == 3);
+  check_message(r.err, {"storage", "a policy with int8 caches", "policy::cuda"});
+}

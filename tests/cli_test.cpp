@@ -64,13 +64,13 @@ TEST_CASE("cli: usage errors exit 2 with one line saying what is wrong") {
 TEST_CASE("cli gpu: --policy cuda reproduces the PyTorch fixture, or says in one line why it cannot run") {
   const std::string run = "run" + fixture_flags + " --kv-heads 1 --weights " + fixture_weights + " --input " +
                           fixture_input + " --output /tmp/difftx_never_written.npy --policy cuda";
-  const auto probe = difftx_cli("bench --policy cuda --module rmsnorm --batch 1 --seq 1 --d-model 8 --repeats 1");
-  if (probe.code != 0 && probe.err.find("is not built into") != std::string::npos) {
+  const auto cuda = probe_cuda();
+  if (cuda == cuda_in_tool::not_built) {
     MESSAGE("this difftx is built without CUDA");
     expect_usage_error(run, {"--policy", "policy 'cuda' is not built into this difftx"});
     return;
   }
-  if (probe.code != 0) {
+  if (cuda == cuda_in_tool::no_device) {
     MESSAGE("no CUDA device: checking the messages a user without one sees");
     expect_usage_error(run, {"--policy", "policy 'cuda' cannot run here: no CUDA device was found"});
     expect_usage_error("bench --policy simd,cuda --module rmsnorm --batch 1 --seq 1 --d-model 8",

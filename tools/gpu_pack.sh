@@ -10,7 +10,8 @@
 #   tools/gpu_pack.sh --unpack && tools/gpu_check.sh "$(tools/gpu_pack.sh --build-dir)" /tmp/logs tests bench
 #
 # Packed: cuda_test, nccl_test, cli_test, the difftx tool and difftx_cuda_bench,
-# stripped (about 40 MB), built in build/gpu-pack for sm_90a (the H100 and
+# stripped, in one gzipped tar (.gpubin/pack.tgz, about 28 MB: oneDNN's library
+# alone is 38 MB unpacked, and a call carries at most 64 MiB), built in build/gpu-pack for sm_90a (the H100 and
 # H200) against the cuDNN frontend, with -march=$DIFFTX_PACK_MARCH (default
 # x86-64-v3: AVX2 and FMA, which any recent x86-64 server has; -march=native
 # would be this machine's CPU, not the GPU machine's), and the shared libraries
@@ -41,8 +42,7 @@ case ${1:-} in
     fi
     target=$(cat "$pack/build_dir")
     mkdir -p "$target"
-    cp -r "$pack/bin/." "$target/"
-    cp -r "$pack/lib" "$target/"  # tools/gpu_check.sh puts BUILD/lib on LD_LIBRARY_PATH
+    tar xzf "$pack/pack.tgz" -C "$target"  # the binaries at their build paths, and lib/ (on LD_LIBRARY_PATH in tools/gpu_check.sh)
     echo "gpu_pack: binaries in $target"
     ;;
   "")
@@ -54,12 +54,13 @@ case ${1:-} in
     grep -q "^DIFFTX_CUDNN_FRONTEND_INCLUDE_DIR:PATH=.*include$" "$build/CMakeCache.txt" || {
       echo "gpu_pack: CMake found no cuDNN frontend; the packed binaries would lack the cuDNN attention" >&2; exit 1; }
     cmake --build "$build" --target "${packed[@]%%:*}"
-    rm -rf "$pack" && mkdir -p "$pack/lib"
+    stage=$build/pack-stage  # laid out as the build folder: the binaries at their paths, lib/
+    rm -rf "$pack" "$stage" && mkdir -p "$pack" "$stage/lib"
     binaries=()
     for entry in "${packed[@]}"; do
       path=${entry#*:}
-      mkdir -p "$pack/bin/$(dirname "$path")"
-      strip -o "$pack/bin/$path" "$build/$path"
+      mkdir -p "$stage/$(dirname "$path")"
+      strip -o "$stage/$path" "$build/$path"
       binaries+=("$build/$path")
     done
     # Shared libraries outside glibc, the C++ runtime and CUDA (the GPU machine has those).
@@ -67,12 +68,13 @@ case ${1:-} in
       case $(basename "$lib") in
         libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux* | libstdc++.so* | libgcc_s.so*) ;;
         libcud* | libcublas* | libnccl* | libnvrtc* | libnvJitLink*) ;;
-        *) cp -L "$lib" "$pack/lib/" ;;
+        *) cp -L "$lib" "$stage/lib/" ;;
       esac
     done
+    tar czf "$pack/pack.tgz" -C "$stage" .
     echo "$repo" >"$pack/source_dir"
     echo "$build" >"$pack/build_dir"
-    echo "gpu_pack: $(du -sh "$pack" | cut -f1) in .gpubin (march $march; libraries: $(ls "$pack/lib" | tr '\n' ' '))"
+    echo "gpu_pack: $(du -sh "$pack" | cut -f1) in .gpubin (march $march; libraries: $(ls "$stage/lib" | tr '\n' ' '))"
     ;;
   *)
     echo "usage: tools/gpu_pack.sh [--unpack | --build-dir]" >&2

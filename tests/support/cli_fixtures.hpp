@@ -128,5 +128,13 @@ inline run_files v2_fixture_results(const std::string& name) {
   return expected;
 }
 
+// Whether the tool runs --policy cuda here: built without CUDA, built with it
+// but no device, or ready. The "cli gpu:" cases assert what a user sees in each.
+enum class cuda_in_tool { not_built, no_device, ready };
+inline cuda_in_tool probe_cuda() {
+  const auto probe = difftx_cli("bench --policy cuda --module rmsnorm --batch 1 --seq 1 --d-model 8 --repeats 1");
+  if (probe.code == 0) return cuda_in_tool::ready;
+  return probe.err.find("is not built into") != std::string::npos ? cuda_in_tool::not_built : cuda_in_tool::no_device;
+}
 
 }  // namespace cli_fixtures

@@ -3,9 +3,10 @@
 // --new-tokens greedy decode steps with the KV cache, as `difftx generate`
 // runs them. Medians over --repeats runs after a warm-up run.
 //
-// The bound beside it: after each decode step the same threads read every
-// byte that step had to read, the weights and the cache's stored keys and
-// values (simd_detail::read_through), so each step's time is paired with the
+// The bound beside it: after each decode step the same threads (on the GPU,
+// the same device) read every byte that step had to read, the weights and the
+// cache's stored keys and values (simd_detail::read_through, or
+// cuda_detail::region_reader), so each step's time is paired with the
 // machine's read time for its bytes in the same moment; the median of those
 // ratios is decoding's share of the bandwidth bound, steady where the shared
 // machine's bandwidth drifts between runs. The share of the weights' bound
@@ -25,6 +26,9 @@
 #include "language_model_runner.hpp"
 #include "model_source.hpp"
 #include "runner.hpp"  // policy_description
+#if defined(DIFFTX_CLI_CUDA)
+#include "cuda_policy.hpp"
+#endif
 
 namespace difftx::cli {
 
@@ -45,6 +49,16 @@ nlohmann::json bound_value(const model_timing& row, double value) {
   return row.read_ms > 0 ? nlohmann::json(value) : nlohmann::json();
 }
 
+// Milliseconds that policy's threads (or device) take to read the regions once.
+double read_ms([[maybe_unused]] const std::string& policy, int threads, std::span<const std::span<const std::byte>> regions) {
+#if defined(DIFFTX_CLI_CUDA)
+  if (policy == cuda_policy::name) return cuda_policy::read_ms(regions);
+#endif
+  const auto start = std::chrono::steady_clock::now();
+  static_cast<void>(simd_detail::read_through(threads, regions));
+  return ms_since(start);
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
@@ -53,12 +67,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 void bench_model(const model_bench_options& o) {
-  for (const auto& policy : o.policies) {
-    checked_dtype(o.dtype, policy);
-    if (!runs_language_models(policy))
-      throw CLI::ValidationError("--policy", "bench --model runs on the CPU policies; policy '" + policy +
-                                                 "' has no language model in this tool yet");
-  }
+  for (const auto& policy : o.policies) checked_dtype(o.dtype, policy);
   const auto type = *io::parse_dtype_name(o.dtype);
   const model_source source(o.model, o.flags);
   auto spec = source.spec();
@@ -105,9 +114,7 @@ void bench_model(const model_bench_options& o) {
           step_read.push_back(region);
           step_cache_bytes += static_cast<double>(region.size());
         }
-        start = std::chrono::steady_clock::now();
-        static_cast<void>(simd_detail::read_through(model->threads(), step_read));
-        reads.push_back(ms_since(start));
+        reads.push_back(read_ms(policy, model->threads(), step_read));
         cache_bytes.push_back(step_cache_bytes);
         shares.push_back(reads.back() / step_ms);
         weight_shares.push_back(shares.back() * row.weight_bytes / (row.weight_bytes + step_cache_bytes));
@@ -174,7 +181,7 @@ void bench_model(const model_bench_options& o) {
   std::printf("prefill GFLOP/s: %.2f GFLOP, every layer over the prompt and the head at its last token only\n",
               prefill_flops / 1e9);
   std::printf("read GB/s: the bytes a decode step reads (the weights, %.0f MB, and the cache's keys and values, a "
-              "median %.1f MB), read again by its threads after each step; of bound: the median of that read's time "
+              "median %.1f MB), read again by its threads (on cuda, by a kernel) after each step; of bound: the median of that read's time "
               "over the step's; of weights: of the weights' part of it\n",
               rows.empty() ? 0.0 : rows.front().weight_bytes / 1e6, rows.empty() ? 0.0 : rows.front().cache_bytes / 1e6);
 }

@@ -82,9 +82,6 @@ class text_stream {
 
 void generate(const generate_options& o) {
   const auto type = checked_dtype(o.dtype, o.policy);
-  if (!runs_language_models(o.policy))
-    throw CLI::ValidationError("--policy", "generate runs on the CPU policies; policy '" + o.policy +
-                                               "' has no language model in this tool yet");
   if (o.flags.heads > 0 && o.flags.kv_heads > 0 && o.flags.heads % o.flags.kv_heads != 0)
     throw CLI::ValidationError("--kv-heads", "must divide --heads " + std::to_string(o.flags.heads));
 

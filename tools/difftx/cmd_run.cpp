@@ -115,9 +115,6 @@ void run(const run_options& o) {
 // --model: tokens [B, N] -> logits [B, N, V], all or nothing like the module run.
 void run_model(const run_options& o, const model_flags& flags) {
   const auto type = checked_dtype(o.dtype, o.policy);
-  if (!runs_language_models(o.policy))
-    throw CLI::ValidationError("--policy", "run --model runs on the CPU policies; policy '" + o.policy +
-                                               "' has no language model in this tool yet");
   io::remove_temporaries_on_signals();
   io::output_files outputs;
   const auto logits_file = outputs.add(o.output, "write_npy");

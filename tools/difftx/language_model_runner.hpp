@@ -1,5 +1,6 @@
 // A LanguageModel of DecoderLayers (modules/language_model.hpp) of any number
-// type on any host policy behind one virtual interface, so `difftx run
+// type on any policy built (the host's, and policy::cuda's in a CUDA build)
+// behind one virtual interface, so `difftx run
 // --model`, `generate` and `bench --model` choose both at run time, as
 // runner.hpp does for single modules. It loads from a Hugging Face DiffLlama
 // folder or a difftx file (model_source.hpp), computes logits for a batch of
@@ -85,10 +86,11 @@ class language_model_runner {
   virtual std::string product_kernel() const = 0;
 };
 
-// Policies a language model runs on: the registry's host policies (policies.hpp).
-bool runs_language_models(std::string_view policy);
-// Throws input_error for a policy that is not one of them or a config the
-// model rejects. Every head size runs on the difftx::dynamic instantiation.
+// On every policy built (runner.hpp's built_policy_names): the registry's
+// host policies, and policy::cuda where the tool is built with CUDA. Throws
+// input_error for a policy that is not one of them or a config the model
+// rejects (int8 weights or cache on the GPU). Every head size runs on the
+// difftx::dynamic instantiation.
 std::unique_ptr<language_model_runner> make_language_model_runner(const language_model_spec& spec,
                                                                   std::string_view policy, io::dtype type);
 

@@ -1,10 +1,18 @@
-// Every runner on policy::cuda, compiled by nvcc (see cuda_policy.hpp). Head
-// sizes: difftx::dynamic only; the kernels choose their tensor-core or
+// Every runner on policy::cuda, compiled by nvcc (see cuda_policy.hpp): the
+// modules', and the language models' of run --model, generate and bench
+// --model (the host's model_runner on the device: parameters loaded one tensor
+// at a time straight into device memory, prefill's attention on the policy's
+// default path, decode on attention_decode with the KV cache in device
+// memory). One unit, so the two share their DecoderLayer instantiations: a
+// second unit compiled every kernel again, minutes of nvcc on two cores.
+// Head sizes: difftx::dynamic only; the kernels choose their tensor-core or
 // CUDA-core path from d at run time, so a compiled D would change nothing but
 // the build time.
 #include <difftx/policy/cuda.hpp>
+#include <difftx/policy/cuda/memory_read.cuh>
 
 #include "cuda_policy.hpp"
+#include "language_model_runner_impl.hpp"
 #include "runner_impl.hpp"
 
 namespace difftx::cli {
@@ -68,6 +76,23 @@ std::unique_ptr<runner> make_runner(const module_spec& spec, io::dtype type) {
                         "cuda");
     }
   });
+}
+
+std::unique_ptr<language_model_runner> make_language_model_runner(const language_model_spec& spec, io::dtype type) {
+  return with_type(type, [&]<class T>() -> std::unique_ptr<language_model_runner> {
+    if constexpr (policy::cuda::supports<T>) {
+      return detail::make_language_model<T, policy::cuda>(spec);
+    } else {
+      throw input_error("make_language_model_runner", "policy",
+                        "a policy that computes in " + std::string(scalar_traits<T>::name), "cuda");
+    }
+  });
+}
+
+double read_ms(std::span<const std::span<const std::byte>> regions) {
+  const policy::cuda p{};
+  const cuda_detail::region_reader reader(p, regions);
+  return work_timer<policy::cuda>::elapsed_ms(p, [&] { reader.read(); });
 }
 
 }  // namespace cuda_policy

@@ -93,7 +93,10 @@ struct ragged_chunk_args {
   long long row_elements[ragged_tensor_count] = {};
 };
 // Thread i writes sequence first + i's offsets (i = count: the next one's, or the end) and length.
-__global__ void write_ragged_offsets(ragged_chunk_args a, std::int32_t* lengths, std::int64_t* offsets) {
+// A template (of the offset type) so that the header defines no non-inline
+// kernel: two units that include it would each define it.
+template <class Offset>
+__global__ void write_ragged_offsets(ragged_chunk_args a, std::int32_t* lengths, Offset* offsets) {
   const int i = static_cast<int>(threadIdx.x);
   if (i > a.count) return;
   const int b = a.first + i;

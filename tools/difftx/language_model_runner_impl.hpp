@@ -1,0 +1,155 @@
+// model_runner<Model>, a LanguageModel behind language_model_runner, and
+// detail::make_language_model<T, Policy>, which builds one with the run-time
+// head size. Included by language_model_runner.cpp for the host policies and
+// by the nvcc-compiled runners_cuda.cu for policy::cuda, so it works
+// on host and device memory alike: token ids go to the model's memory, and
+// logits come back to the host only where the host reads them (the npy file,
+// the greedy pick of bench's steps, the finiteness checks).
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <difftx/io/npy.hpp>
+#include <difftx/modules/non_finite.hpp>
+
+#include "language_model_runner.hpp"
+#include "runner_impl.hpp"  // policy_threads, product_kernel_of, detail::make_policy
+
+namespace difftx::cli {
+
+template <class Model>
+class model_runner final : public language_model_runner {
+  using T = typename Model::value_type;
+
+ public:
+  model_runner(Model model, const language_model_spec& spec)
+      : model_(std::move(model)), weights_(spec.weights), kv_cache_(spec.kv_cache), decodes_(spec.decodes) {}
+
+  void load(const io::diffllama_checkpoint& checkpoint) override { load_from(checkpoint); }
+  void load(const io::mapped_safetensors& file) override { load_from(file); }
+
+  void forward(const Tensor<token_t, 2>& tokens) override {
+    logits_.resize(model_.output_shape(tokens.shape()), memory());
+    model_.forward(in_model_memory(tokens.shape(), tokens.data()).const_view(), logits_.view());
+    double value = 0;
+    const index_t i = difftx::detail::first_non_finite_index(logits_.data(), logits_.size(), memory(), value);
+    if (i >= 0)
+      throw input_error("run", "logits", "finite values from finite weights",
+                        std::to_string(value) + " at flat index " + std::to_string(i) + " as " +
+                            std::string(scalar_traits<T>::name) + " (the model overflows its number type)");
+  }
+  void write_logits(std::ostream& out, io::dtype type, const std::string& label) const override {
+    if (memory().space() == memory_space::host) return io::write_npy_to(out, type, logits_.const_view(), label);
+    Tensor<T, 3> host(logits_.shape());
+    memory().download(host.data(), logits_.data(), static_cast<std::size_t>(host.size()) * sizeof(T));
+    io::write_npy_to(out, type, host.const_view(), label);
+  }
+
+  std::vector<token_t> generate(std::span<const token_t> prompt, const generation_options& options,
+                                const std::function<void(token_t)>& on_token) const override {
+    auto with_kv = options;
+    with_kv.kv_cache = kv_cache_;
+    return difftx::generate(model_, prompt, with_kv, on_token);
+  }
+
+  token_t prefill(std::span<const token_t> prompt, index_t capacity) override {
+    const auto tokens = in_model_memory({1, static_cast<index_t>(prompt.size())}, prompt.data());
+    cache_ = model_.make_cache(1, capacity, kv_cache_);
+    logits_.resize({1, 1, model_.config().vocab_size}, memory());
+    model_.prefill(tokens.const_view(), cache_, logits_.view().template reshape<2>({1, model_.config().vocab_size}));
+    return most_likely();
+  }
+
+  token_t decode(token_t token) override {
+    const auto tokens = in_model_memory({1, 1}, &token);
+    logits_.resize(model_.output_shape(tokens.shape()), memory());
+    model_.decode(tokens.const_view(), cache_, logits_.view());
+    return most_likely();
+  }
+
+  std::vector<std::span<const std::byte>> weights_read_per_token() override {
+    if (weights_ == inference_dtype::int8) return {};
+    const bool tied = model_.config().tie_word_embeddings;
+    std::vector<std::span<const std::byte>> read;
+    for (const auto& p : model_.parameters())
+      if (tied || p.name != "embed_tokens.weight")
+        read.push_back(std::as_bytes(std::span<const T>(p.value, static_cast<std::size_t>(p.size()))));
+    return read;
+  }
+  std::vector<std::span<const std::byte>> cache_read_per_token() const override {
+    std::vector<std::span<const std::byte>> read;
+    for (const auto& layer : cache_) {
+      const auto regions = layer.stored_regions();
+      read.insert(read.end(), regions.begin(), regions.end());
+    }
+    return read;
+  }
+  int threads() const override { return policy_threads(model_.policy()); }
+  std::string product_kernel() const override { return product_kernel_of<T>(model_.policy()); }
+
+ private:
+  memory_resource& memory() const { return model_.policy().memory(); }
+
+  // ids [shape] from the host, in the model's memory.
+  Tensor<token_t, 2> in_model_memory(const shape_t<2>& shape, const token_t* ids) const {
+    Tensor<token_t, 2> tokens(shape, memory());
+    memory().upload(tokens.data(), ids, static_cast<std::size_t>(tokens.size()) * sizeof(token_t));
+    return tokens;
+  }
+
+  template <class Source>
+  void load_from(const Source& source) {
+    io::load_parameters(model_, source);
+    // In T, so a float16 overflow shows too (as `difftx run` checks); a
+    // parameter on the device is read back one at a time.
+    for (const auto& p : model_.parameters()) {
+      double value = 0;
+      if (const index_t i = difftx::detail::first_non_finite_index(p.value, p.size(), *p.memory, value); i >= 0)
+        throw input_error("load", source.label() + ": " + p.name + " as " + std::string(scalar_traits<T>::name),
+                          "finite values", std::to_string(value) + " at flat index " + std::to_string(i));
+    }
+    if (weights_ == inference_dtype::int8)
+      quantize(model_);
+    else if (decodes_)
+      model_.add_decoding_panels();
+  }
+
+  // The largest logit of the last step (the first of equal ones; logits_ holds one position).
+  token_t most_likely() const {
+    const auto count = static_cast<std::size_t>(logits_.size());
+    if (memory().space() == memory_space::host) return greedy_.next(std::span<const T>(logits_.data(), count));
+    std::vector<T> row(count);
+    memory().download(row.data(), logits_.data(), count * sizeof(T));
+    return greedy_.next(std::span<const T>(row));
+  }
+
+  Model model_;
+  inference_dtype weights_, kv_cache_;
+  bool decodes_;
+  typename Model::cache_type cache_;
+  Tensor<T, 3> logits_;  // [B, tokens of the last call, V], in the model's memory
+  mutable token_sampler greedy_{sampling_options{}};
+};
+
+namespace detail {
+
+// LanguageModel<DecoderLayer<T, dynamic, Policy>> of spec, its parameters not yet set (load() sets them).
+template <class T, class Policy>
+std::unique_ptr<language_model_runner> make_language_model(const language_model_spec& spec) {
+  using Layer = DecoderLayer<T, dynamic, Policy>;
+  const auto policy = make_policy<Policy>({.threads = spec.threads, .bf16_product = spec.bf16_product, .matmuls = spec.matmuls});
+  const uninitialised_parameters loaded_next;  // load() sets every parameter
+  std::vector<Layer> layers;
+  layers.reserve(spec.layers.size());
+  for (const auto& config : spec.layers) layers.emplace_back(config, policy);
+  return std::make_unique<model_runner<LanguageModel<Layer>>>(LanguageModel<Layer>(spec.model, std::move(layers)), spec);
+}
+
+}  // namespace detail
+
+}  // namespace difftx::cli
