@@ -27,8 +27,9 @@ struct cuda {
   // difftx's own everywhere.
   cuda_attention attention = default_cuda_attention;
   // A packed batch's attention in one cuDNN call per map (its ragged layout)
-  // instead of a call per sequence, each its own shape and graph. Off until
-  // it has run on a GPU (cuda_test's "packed batches on cuDNN's ragged layout").
+  // instead of a call per sequence, each its own shape and graph. Off: on an
+  // H100 its backward failed cuda_test's "packed batches on cuDNN's ragged
+  // layout" for values 256 wide (docs/design.md, cuDNN attention).
   bool cudnn_ragged = false;
 
   memory_resource& memory() const noexcept { return *context->memory; }
