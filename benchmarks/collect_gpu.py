@@ -59,7 +59,7 @@ CUDA_BENCH = f"{BUILD}/benchmarks/difftx_cuda_bench --benchmark_out=logs/cuda_be
 PEER = "python3 benchmarks/peer_pytorch_gpu.py --difftx-json logs/cuda_bench.json --backends flash cudnn --out logs"
 BENCH_SIMD_CUDA = (f"{BUILD}/tools/difftx bench --policy simd,cuda --module decoder_layer --batch 1 --seq 2048 "
                    "--d-model 3072 --heads 12 --dtype bfloat16 --backward --repeats 3")
-MODEL = "/tmp/difftx_gpu_model"
+MODEL = "gpu_model"
 MODEL_BENCH = f"{BUILD}/tools/difftx bench --model {MODEL} --dtype bfloat16 --seq 512 --new-tokens 64"
 MODEL_COMMANDS = [
     f"python3 tools/make_big_checkpoint.py --out {MODEL} --dtype bfloat16",

@@ -23,7 +23,8 @@
 #   DIFFTX_CUDA_BENCH_FILTER --benchmark_filter for difftx_cuda_bench
 #   DIFFTX_GPU_MODEL         the models step's DiffLlama folder (default: a
 #                            1.16B one that tools/make_big_checkpoint.py
-#                            writes to /tmp/difftx_gpu_model in bfloat16)
+#                            writes to gpu_model/, under the current folder and
+#                            ignored by git, in bfloat16)
 #   DIFFTX_STEP_LIMIT        seconds any one command may run (default: no limit)
 set -uo pipefail
 usage="usage: tools/gpu_check.sh BUILD_DIR LOG_DIR [tests|memcheck|racecheck|bench|models|ncu]..."
@@ -58,7 +59,7 @@ run() {  # run NAME COMMAND...: logs to LOG_DIR/NAME.log, one summary line
 
 sanitized_cases=()
 [ -n "${DIFFTX_SANITIZER_CASES:-}" ] && sanitized_cases=("--test-case=$DIFFTX_SANITIZER_CASES")
-model=${DIFFTX_GPU_MODEL:-/tmp/difftx_gpu_model}
+model=${DIFFTX_GPU_MODEL:-gpu_model}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
 for step in "${steps[@]}"; do

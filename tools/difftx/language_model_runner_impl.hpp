@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include <difftx/core/transfer.hpp>
 #include <difftx/io/npy.hpp>
 #include <difftx/modules/non_finite.hpp>
 
@@ -35,7 +36,7 @@ class model_runner final : public language_model_runner {
 
   void forward(const Tensor<token_t, 2>& tokens) override {
     logits_.resize(model_.output_shape(tokens.shape()), memory());
-    model_.forward(in_model_memory(tokens.shape(), tokens.data()).const_view(), logits_.view());
+    model_.forward(to_memory(tokens, memory()).const_view(), logits_.view());
     double value = 0;
     const index_t i = difftx::detail::first_non_finite_index(logits_.data(), logits_.size(), memory(), value);
     if (i >= 0)
@@ -45,9 +46,7 @@ class model_runner final : public language_model_runner {
   }
   void write_logits(std::ostream& out, io::dtype type, const std::string& label) const override {
     if (memory().space() == memory_space::host) return io::write_npy_to(out, type, logits_.const_view(), label);
-    Tensor<T, 3> host(logits_.shape());
-    memory().download(host.data(), logits_.data(), static_cast<std::size_t>(host.size()) * sizeof(T));
-    io::write_npy_to(out, type, host.const_view(), label);
+    io::write_npy_to(out, type, to_memory(logits_, host_memory()).const_view(), label);
   }
 
   std::vector<token_t> generate(std::span<const token_t> prompt, const generation_options& options,
@@ -58,7 +57,7 @@ class model_runner final : public language_model_runner {
   }
 
   token_t prefill(std::span<const token_t> prompt, index_t capacity) override {
-    const auto tokens = in_model_memory({1, static_cast<index_t>(prompt.size())}, prompt.data());
+    const auto tokens = in_model_memory(prompt);
     cache_ = model_.make_cache(1, capacity, kv_cache_);
     logits_.resize({1, 1, model_.config().vocab_size}, memory());
     model_.prefill(tokens.const_view(), cache_, logits_.view().template reshape<2>({1, model_.config().vocab_size}));
@@ -66,7 +65,7 @@ class model_runner final : public language_model_runner {
   }
 
   token_t decode(token_t token) override {
-    const auto tokens = in_model_memory({1, 1}, &token);
+    const auto tokens = in_model_memory(std::span(&token, 1));
     logits_.resize(model_.output_shape(tokens.shape()), memory());
     model_.decode(tokens.const_view(), cache_, logits_.view());
     return most_likely();
@@ -95,11 +94,9 @@ class model_runner final : public language_model_runner {
  private:
   memory_resource& memory() const { return model_.policy().memory(); }
 
-  // ids [shape] from the host, in the model's memory.
-  Tensor<token_t, 2> in_model_memory(const shape_t<2>& shape, const token_t* ids) const {
-    Tensor<token_t, 2> tokens(shape, memory());
-    memory().upload(tokens.data(), ids, static_cast<std::size_t>(tokens.size()) * sizeof(token_t));
-    return tokens;
+  // One sequence of ids [1, n] from the host, in the model's memory.
+  Tensor<token_t, 2> in_model_memory(std::span<const token_t> ids) const {
+    return to_memory(TensorView<const token_t, 2>(ids.data(), {1, static_cast<index_t>(ids.size())}), memory());
   }
 
   template <class Source>

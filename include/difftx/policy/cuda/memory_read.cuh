@@ -40,7 +40,7 @@ __global__ void read_chunks(const read_chunk_of<Word>* chunks, unsigned* sink) {
   const auto fold = [&](Word w) { folded ^= w.x ^ w.y ^ w.z ^ w.w; };
   unsigned long long i = threadIdx.x;
   for (; i + 3 * read_threads < c.words; i += 4 * read_threads) {
-    const uint4 a = p[i], b = p[i + read_threads], d = p[i + 2 * read_threads], e = p[i + 3 * read_threads];
+    const Word a = p[i], b = p[i + read_threads], d = p[i + 2 * read_threads], e = p[i + 3 * read_threads];
     fold(a);
     fold(b);
     fold(d);
