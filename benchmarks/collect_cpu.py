@@ -188,7 +188,7 @@ def linear(raw, threads):
         p = read_json_lines(os.path.join(raw, "peer.json"))
         peer = {(r["dtype"], f"{r['M']}x{r['N']}x{r['K']}", r["pass"]): r["gflops"] for r in p["rows"]}
     rows, onednn_vs, torch_vs = [], [], []
-    for dtype in ("float32", "bfloat16"):
+    for dtype in ("float32", "bfloat16", "int8"):
         for shape in ("2048x2048x2048", "512x4096x1024", "512x1024x4096"):
             for p in ("forward", "backward"):
                 d = ours.get(f"op:linear/simd/{dtype}/difftx/{p}/{shape}", {}).get("GFLOP/s")
@@ -204,13 +204,14 @@ def linear(raw, threads):
                     "backward dx = dy·w and dw += dyᵀ·x); 2048³ and a 375M model's prefill shapes "
                     "(512 tokens, C 1024 to F 4096 and back). difftx: `policy::simd{.matmuls = difftx}`, "
                     "oneDNN: `.matmuls = onednn` (Google Benchmark); PyTorch: `torch.nn.functional.linear` "
-                    "and two matmuls, median of 5.",
+                    "and two matmuls, median of 5. int8: int8 weights and a float32 input quantized on "
+                    "each call, forward only (oneDNN: u8·s8→s32, the same sums as difftx's); PyTorch: "
+                    "`torch.ao.quantization.quantize_dynamic` on an `nn.Linear`.",
                     ["dtype", "M x N x K", "pass", "difftx", "oneDNN", "PyTorch", "oneDNN / difftx",
                      "PyTorch / difftx"],
                     rows, commands(raw, "difftx_bench.json", "peer.json"))]
-    f32 = [v for (r, v) in zip(rows, onednn_vs) if r[0] == "float32"]
-    b16 = [v for (r, v) in zip(rows, onednn_vs) if r[0] == "bfloat16"]
-    return tables, {"float32": span(f32), "bfloat16": span(b16), "torch": span(torch_vs)}
+    by_dtype = {t: span([v for (r, v) in zip(rows, onednn_vs) if r[0] == t]) for t in ("float32", "bfloat16", "int8")}
+    return tables, {**by_dtype, "torch": span(torch_vs)}
 
 
 def checkpoint(raw, threads):

@@ -378,28 +378,39 @@ void register_bf16_products() {
 // Linear's products on each matrix library (policy::simd::matmuls: difftx's
 // own, oneDNN's matmul where built) at a square size and at a 375M model's
 // prefill shapes (512 tokens: C 1024 -> F 4096 and back), forward (y = x·wᵀ)
-// and backward (dx = dy·w, dw += dyᵀ·x).
+// and backward (dx = dy·w, dw += dyᵀ·x). T = std::int8_t: int8 weights
+// (float32 input quantized per row, exact int32 sums), forward only.
 template <class T>
 void register_linear_libraries(const std::string& dtype) {
   using library = policy::simd::matmul_library;
+  constexpr bool int8_weights = std::is_same_v<T, std::int8_t>;
+  using X = std::conditional_t<int8_weights, float, T>;
   for (const auto matmuls : {library::difftx, library::onednn}) {
 #if !defined(DIFFTX_ONEDNN)
     if (matmuls == library::onednn) continue;
 #endif
     const std::string name = matmuls == library::onednn ? "onednn" : "difftx";
     for (const auto& [M, N, K] : {std::array<index_t, 3>{2048, 2048, 2048}, {512, 4096, 1024}, {512, 1024, 4096}})
-      for (const bool backward : {false, true})
+      for (const bool backward : {false, true}) {
+        if (int8_weights && backward) continue;
         benchmark::RegisterBenchmark(("op:linear/simd/" + dtype + "/" + name + (backward ? "/backward/" : "/forward/") +
                                       std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K))
                                          .c_str(),
                                      [=](benchmark::State& state) {
                                        policy::simd p;
                                        p.matmuls = matmuls;
-                                       const auto x = random_input<T>(M, 1, 1, K);
-                                       const auto w = random_input<T>(N, 3, 1, K);
-                                       Tensor<T, 3> y({1, M, N}), dx(x.shape()), dw(w.shape());
+                                       const auto x = random_input<X>(M, 1, 1, K);
+                                       const auto w = random_input<X>(N, 3, 1, K);
+                                       Tensor<X, 3> y({1, M, N}), dx(x.shape()), dw(w.shape());
+                                       int8_rows<float> w8;
+                                       if constexpr (int8_weights) {
+                                         w8 = int8_rows<float>(N, K);
+                                         for (index_t r = 0; r < N; ++r) w8.set_row(r, w.data() + r * K);
+                                       }
                                        for (auto _ : state) {
-                                         if (backward)
+                                         if constexpr (int8_weights)
+                                           linear_forward(p, flatten_rows(x.const_view()), w8, flatten_rows(y.view()));
+                                         else if (backward)
                                            linear_backward(p, flatten_rows(x.const_view()), flatten_rows(w.const_view()),
                                                            flatten_rows(y.const_view()), flatten_rows(dx.view()),
                                                            flatten_rows(dw.view()));
@@ -414,6 +425,7 @@ void register_linear_libraries(const std::string& dtype) {
                                      })
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
+      }
   }
 }
 
@@ -453,6 +465,7 @@ int main(int argc, char** argv) {
   register_bf16_products();
   register_linear_libraries<float>("float32");
   register_linear_libraries<Eigen::bfloat16>("bfloat16");
+  register_linear_libraries<std::int8_t>("int8");
   register_token_ops<float, policy::reference>("reference", "float32", {256});
   register_attention_op<2, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});
   register_attention_op<1, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});

@@ -365,8 +365,8 @@ namespace {
 // exact, then one int32-to-float rounding and two products in float, and the
 // result rounded to T once).
 template <class T>
-void check_int8_linear(index_t M, index_t K, index_t N) {
-  Linear<T, policy::simd> fast(K, N);
+void check_int8_linear(index_t M, index_t K, index_t N, const policy::simd& p = {}) {
+  Linear<T, policy::simd> fast(K, N, p);
   Linear<T, policy::reference> ref(K, N);
   test_support::randomise_parameters(ref, 41);
   copy_parameters(ref, fast);
@@ -485,12 +485,25 @@ void check_int8_cache_bound(const attention_inputs& in, const std::vector<index_
 
 }  // namespace
 
+// Each matrix library forced (oneDNN's s8·s8→s32 matmul where built, for
+// rows past decoding's; 1100 x 4000 sums take two of its column blocks): the
+// sums are exact either way, so the bits are the reference's.
 TEST_CASE("low-bit: int8 Linear, simd equals the reference bit for bit, within the bound of float64") {
-  for (auto [M, K, N] : {std::array<index_t, 3>{1, 77, 300}, {3, 19, 7}, {70, 130, 67}, {133, 530, 261}}) {
-    check_int8_linear<float>(M, K, N);
-    check_int8_linear<Eigen::bfloat16>(M, K, N);
-    check_int8_linear<double>(M, K, N);
+  using library = policy::simd::matmul_library;
+  for (const auto matmuls : {library::automatic, library::difftx, library::onednn}) {
+    policy::simd p{2};
+    p.matmuls = matmuls;
+    INFO("matmuls " << static_cast<int>(matmuls));
+    for (auto [M, K, N] : {std::array<index_t, 3>{1, 77, 300}, {3, 19, 7}, {70, 130, 67}, {133, 530, 261}}) {
+      check_int8_linear<float>(M, K, N, p);
+      check_int8_linear<Eigen::bfloat16>(M, K, N, p);
+      check_int8_linear<double>(M, K, N, p);
+    }
   }
+  check_int8_linear<float>(1100, 19, 4000, policy::simd{.threads = 2, .matmuls = library::onednn});
+#if defined(DIFFTX_ONEDNN)
+  MESSAGE("oneDNN's int8 kernel here: " << policy::simd{.matmuls = library::onednn}.matmul_kernel<std::int8_t>());
+#endif
 }
 
 TEST_CASE("low-bit: decoding over an int8 cache: simd against the reference, within the bound of the float cache") {

@@ -241,7 +241,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--matmul", o->matmuls,
                   "simd: who multiplies products of many rows (prefill, training); automatic takes oneDNN's matmul "
-                  "where this build has it and it was measured faster (float32, bfloat16), difftx and onednn force "
+                  "where this build has it and it was measured faster (float32, bfloat16, int8 weights), difftx and onednn force "
                   "one (the policy column names oneDNN's kernel when it ran)")
       ->check(CLI::IsMember({"automatic", "difftx", "onednn"}))
       ->capture_default_str();

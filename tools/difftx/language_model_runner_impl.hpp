@@ -89,7 +89,10 @@ class model_runner final : public language_model_runner {
     return read;
   }
   int threads() const override { return policy_threads(model_.policy()); }
-  std::string product_kernel() const override { return product_kernel_of<T>(model_.policy()); }
+  std::string product_kernel() const override {
+    return weights_ == inference_dtype::int8 ? product_kernel_of<std::int8_t>(model_.policy())
+                                             : product_kernel_of<T>(model_.policy());
+  }
 
  private:
   memory_resource& memory() const { return model_.policy().memory(); }

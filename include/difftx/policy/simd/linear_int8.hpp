@@ -1,8 +1,9 @@
 // simd linear forward with int8 weights (formula in difftx/ops/linear.hpp):
 // the rows of x quantized in parallel, the exact integer products of
-// gemm_int8.hpp, then y = A(sum) · s_x · s_w, in the reference's order (the
-// same bits). Decoding's few rows stream each weight byte once, a quarter of
-// float32's bytes.
+// gemm_int8.hpp (or oneDNN's u8·s8→s32 matmul for many rows where the policy
+// takes it, linear_onednn.hpp: the same sums), then y = A(sum) · s_x · s_w, in
+// the reference's order (the same bits). Decoding's few rows stream each weight
+// byte once, a quarter of float32's bytes.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "difftx/ops/linear.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm_int8.hpp"
+#include "difftx/policy/simd/linear_onednn.hpp"
 
 namespace difftx {
 
@@ -44,7 +46,7 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_
   detail::check_linear_stored(where, memory_space::host, x, w, y, "int8 weights");
   const auto x8 = quantized_rows<T>(p, x);
   const index_t N = w.rows;
-  int8_products(p, x8, w, [&](index_t m, index_t j0, index_t n, const std::int32_t* sums) {
+  const auto store = [&](index_t m, index_t j0, index_t n, const std::int32_t* sums) {
     alignas(64) A out[64];
     const A step = x8.steps[static_cast<std::size_t>(m)];
     for (index_t c0 = 0; c0 < n; c0 += 64) {
@@ -53,7 +55,8 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_
         out[c] = A(sums[c0 + c]) * step * w.steps[static_cast<std::size_t>(j0 + c0 + c)];
       from_accum(out, width, y.data() + m * N + j0 + c0);
     }
-  });
+  };
+  if (!onednn_int8_products(p, x8, w, store)) int8_products(p, x8, w, store);
 }
 
 }  // namespace difftx

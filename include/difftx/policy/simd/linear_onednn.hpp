@@ -4,11 +4,16 @@
 //   forward        y[M, N] = x[M, K] · w[N, K]ᵀ
 //   input gradient dx[M, K] (=|+=) dy[M, N] · w[N, K]
 //   weight gradient dw[N, K] += dy[M, N]ᵀ · x[M, K]
+//   int8 weights   sums[M, N] = x8[M, K] · w8[N, K]ᵀ exactly in int32, the
+//                  products of linear_int8.hpp (gemm_int8.hpp's own elsewhere)
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "difftx/ops/int8.hpp"
 #include "difftx/ops/linear.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/onednn_matmul.hpp"
@@ -21,18 +26,28 @@ namespace difftx::simd_detail {
 // oneDNN and PyTorch"): float and bfloat16 on Zen 4 (brgemm on AVX-512 and
 // AVX512_BF16) and on an AMX Xeon. float16 (kernels only with AVX512_FP16)
 // has not been measured: forced only.
+// int8 weights' products (T = std::int8_t) were measured on Zen 4 (oneDNN's
+// u8·s8 brgemm on AVX512_VNNI); on an AMX Xeon oneDNN picks AMX-INT8 itself.
 template <class T>
 constexpr bool onednn_measured_faster() {
-  return std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16>;
+  return std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, std::int8_t>;
+}
+
+// The types of oneDNN's product for Linear in T (std::int8_t: int8 weights).
+template <class T>
+constexpr matmul_types onednn_types() {
+  if constexpr (std::is_same_v<T, std::int8_t>) return int8_products_types;
+  else return matmul_types::all(onednn_type<T>());
 }
 #endif
 
-// Whether oneDNN multiplies a product of M rows in T under p: never decoding's
-// few rows (difftx's GEMV streams the weights once), never without the library.
+// Whether oneDNN multiplies a product of M rows in T (std::int8_t: int8
+// weights) under p: never decoding's few rows (difftx's GEMV streams the
+// weights once), never without the library.
 template <class T>
 bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index_t M) {
 #if defined(DIFFTX_ONEDNN)
-  if constexpr (onednn_computes<T>) {
+  if constexpr (onednn_computes<T> || std::is_same_v<T, std::int8_t>) {
     using library = policy::simd::matmul_library;
     if (M <= gemv_max_rows || p.matmuls == library::difftx) return false;
     return p.matmuls == library::onednn || onednn_measured_faster<T>();
@@ -46,12 +61,11 @@ bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index
 template <class T>
 std::string difftx::policy::simd::matmul_kernel() const {
 #if defined(DIFFTX_ONEDNN)
-  if constexpr (simd_detail::onednn_computes<T>)
-    if (simd_detail::onednn_takes<T>(*this, simd_detail::gemv_max_rows + 1))
-      if (const auto kernel = simd_detail::onednn_matmuls::instance().implementation(
-              simd_detail::onednn_type<T>(), simd_detail::thread_count(*this));
-          !kernel.empty())
-        return "onednn " + kernel;
+  if (simd_detail::onednn_takes<T>(*this, simd_detail::gemv_max_rows + 1))
+    if (const auto kernel = simd_detail::onednn_matmuls::instance().implementation(simd_detail::onednn_types<T>(),
+                                                                                   simd_detail::thread_count(*this));
+        !kernel.empty())
+      return "onednn " + kernel;
 #endif
   return "";
 }
@@ -65,7 +79,7 @@ bool onednn_linear_forward([[maybe_unused]] const policy::simd& p, [[maybe_unuse
   if constexpr (onednn_computes<T>) {
     const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
     if (onednn_takes<T>(p, M))
-      return onednn_matmuls::instance().run(onednn_type<T>(), M, N, K, {x.data(), K, 1}, {w.data(), 1, K}, y.data(),
+      return onednn_matmuls::instance().run(onednn_types<T>(), M, N, K, {x.data(), K, 1}, {w.data(), 1, K}, y.data(),
                                             N, false, thread_count(p));
   }
 #endif
@@ -80,7 +94,7 @@ bool onednn_input_gradient([[maybe_unused]] const policy::simd& p, [[maybe_unuse
   if constexpr (onednn_computes<T>) {
     const index_t M = dy.extent(0), N = dy.extent(1), K = w.extent(1);
     if (onednn_takes<T>(p, M))
-      return onednn_matmuls::instance().run(onednn_type<T>(), M, K, N, {dy.data(), N, 1}, {w.data(), K, 1}, dx.data(),
+      return onednn_matmuls::instance().run(onednn_types<T>(), M, K, N, {dy.data(), N, 1}, {w.data(), K, 1}, dx.data(),
                                             K, add, thread_count(p));
   }
 #endif
@@ -94,11 +108,53 @@ bool onednn_weight_gradient([[maybe_unused]] const policy::simd& p, [[maybe_unus
   if constexpr (onednn_computes<T>) {
     const index_t M = x.extent(0), K = x.extent(1), N = dy.extent(1);
     if (onednn_takes<T>(p, M))
-      return onednn_matmuls::instance().run(onednn_type<T>(), N, K, M, {dy.data(), 1, N}, {x.data(), K, 1}, dw.data(),
+      return onednn_matmuls::instance().run(onednn_types<T>(), N, K, M, {dy.data(), 1, N}, {x.data(), K, 1}, dw.data(),
                                             K, true, thread_count(p));
   }
 #endif
   return false;
+}
+
+// The exact int8 sums of a's rows with b's (same padding) on oneDNN, handed to
+// store(i, j0, n, sums) as gemm_int8.hpp's int8_products hands them: in blocks
+// of columns (at most 16 MiB of sums), each block's rows stored on the
+// policy's threads. a goes in offset to unsigned bytes (a + 128, u8 · s8: the
+// products x86's int8 instructions make, vpdpbusd and AMX's tdpbusd) and each
+// sum comes out less 128·Σ_p b[j, p], modulo 2^32 as in gemm_int8.hpp. False
+// where oneDNN does not take the product; then, or if a block has no kernel,
+// the caller's int8_products computes every sum again.
+template <class A, class Store>
+bool onednn_int8_products([[maybe_unused]] const policy::simd& p, [[maybe_unused]] const int8_rows<A>& a,
+                          [[maybe_unused]] const int8_rows<A>& b, [[maybe_unused]] Store&& store) {
+#if defined(DIFFTX_ONEDNN)
+  const index_t M = a.rows, N = b.rows, kp = a.padded;
+  if (!onednn_takes<std::int8_t>(p, M)) return false;
+  const int threads = thread_count(p);
+  aligned_vector<std::uint8_t> offset(static_cast<std::size_t>(M * kp));
+  const std::int8_t* values = a.values.data();
+#pragma omp parallel for num_threads(threads) schedule(static) if (M > 4)
+  for (index_t e = 0; e < M * kp; ++e) offset[static_cast<std::size_t>(e)] = static_cast<std::uint8_t>(values[e] ^ 0x80);
+  constexpr index_t block_sums = index_t{4} << 20;
+  const index_t width = std::min(N, std::max<index_t>(64, block_sums / M / 64 * 64));
+  aligned_vector<std::int32_t> sums(static_cast<std::size_t>(M * width));
+  for (index_t j0 = 0; j0 < N; j0 += width) {
+    const index_t n = std::min(width, N - j0);
+    if (!onednn_matmuls::instance().run(int8_products_types, M, n, kp, {offset.data(), kp, 1}, {b.row(j0), 1, kp},
+                                        sums.data(), n, false, threads))
+      return false;
+#pragma omp parallel for num_threads(threads) schedule(static) if (M > 4)
+    for (index_t i = 0; i < M; ++i) {
+      std::int32_t* row = sums.data() + i * n;
+      for (index_t c = 0; c < n; ++c)
+        row[c] = static_cast<std::int32_t>(static_cast<std::uint32_t>(row[c]) -
+                                           128u * static_cast<std::uint32_t>(b.sums[static_cast<std::size_t>(j0 + c)]));
+      store(i, j0, n, static_cast<const std::int32_t*>(row));
+    }
+  }
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace difftx::simd_detail

@@ -1,7 +1,8 @@
 // oneDNN's matmul (the library PyTorch's CPU matrix products run on; AMX,
-// AVX512_BF16 and AVX-512 kernels chosen at run time) for policy::simd's
-// products of many rows: C[M, N] (=|+=) A[M, K] · B[K, N] in float, bfloat16 or
-// float16, sums in float and one rounding into C. Compiled where the build
+// AVX512_BF16, AVX512_VNNI and AVX-512 kernels chosen at run time) for
+// policy::simd's products of many rows: C[M, N] (=|+=) A[M, K] · B[K, N] in
+// float, bfloat16 or float16, sums in float and one rounding into C; or int8
+// rows, C = A · B exactly in int32 (u8 · s8 -> s32). Compiled where the build
 // defines DIFFTX_ONEDNN (CMake target difftx::onednn); docs/design.md, "oneDNN".
 //
 // Primitives are created once per shape, layout, type and thread count and
@@ -43,6 +44,17 @@ constexpr dnnl::memory::data_type onednn_type() {
 template <class T>
 constexpr bool onednn_computes = onednn_type<T>() != dnnl::memory::data_type::undef;
 
+// The element types of A, B and C.
+struct matmul_types {
+  dnnl::memory::data_type a, b, c;
+  // One type throughout (float, bfloat16, float16).
+  static constexpr matmul_types all(dnnl::memory::data_type t) { return {t, t, t}; }
+};
+// Exact integer products of int8 rows (gemm_int8.hpp), the first operand
+// offset to unsigned bytes.
+inline constexpr matmul_types int8_products_types{dnnl::memory::data_type::u8, dnnl::memory::data_type::s8,
+                                                  dnnl::memory::data_type::s32};
+
 class onednn_matmuls {
  public:
   static constexpr std::size_t primitive_cache_capacity = 256;
@@ -53,27 +65,27 @@ class onednn_matmuls {
   }
 
   // C (=|+=) A · B on `threads` threads; false (nothing written) where oneDNN
-  // has no kernel for the type on this CPU.
-  bool run(dnnl::memory::data_type type, index_t M, index_t N, index_t K, const matmul_operand& a,
+  // has no kernel for the types on this CPU.
+  bool run(matmul_types types, index_t M, index_t N, index_t K, const matmul_operand& a,
            const matmul_operand& b, void* c, index_t ldc, bool accumulate, int threads) {
-    const key k{type, M, N, K, a.row_stride, a.column_stride, b.row_stride, b.column_stride, ldc, accumulate, threads};
+    const key k{types.a, types.b, types.c, M, N, K, a.row_stride, a.column_stride, b.row_stride, b.column_stride, ldc, accumulate, threads};
     const thread_count_scope scope(threads);
     const auto made = find_or_create(k);
     if (!made) return false;
     dnnl::stream stream(engine_);
-    dnnl::memory a_memory(descriptor(type, M, K, a.row_stride, a.column_stride), engine_, const_cast<void*>(a.data));
-    dnnl::memory b_memory(descriptor(type, K, N, b.row_stride, b.column_stride), engine_, const_cast<void*>(b.data));
-    dnnl::memory c_memory(descriptor(type, M, N, ldc, 1), engine_, c);
+    dnnl::memory a_memory(descriptor(types.a, M, K, a.row_stride, a.column_stride), engine_, const_cast<void*>(a.data));
+    dnnl::memory b_memory(descriptor(types.b, K, N, b.row_stride, b.column_stride), engine_, const_cast<void*>(b.data));
+    dnnl::memory c_memory(descriptor(types.c, M, N, ldc, 1), engine_, c);
     made->primitive.execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
     stream.wait();
     return true;
   }
 
-  // The kernel oneDNN picks for a product of the type on this CPU
+  // The kernel oneDNN picks for a product of the types on this CPU
   // ("brg:avx512_core_amx", "gemm:jit", ...), "" where it has none.
-  std::string implementation(dnnl::memory::data_type type, int threads) {
+  std::string implementation(matmul_types types, int threads) {
     const thread_count_scope scope(threads);
-    const auto made = find_or_create({type, 256, 256, 256, 256, 1, 256, 1, 256, false, threads});
+    const auto made = find_or_create({types.a, types.b, types.c, 256, 256, 256, 256, 1, 256, 1, 256, false, threads});
     return made ? made->kernel : "";
   }
 
@@ -82,7 +94,7 @@ class onednn_matmuls {
     dnnl::matmul primitive;  // a handle: copies share it
     std::string kernel;      // oneDNN's name for it
   };
-  using key = std::tuple<dnnl::memory::data_type, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t,
+  using key = std::tuple<dnnl::memory::data_type, dnnl::memory::data_type, dnnl::memory::data_type, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t,
                          bool, int>;
 
   // oneDNN's OpenMP kernels take the team size from omp_get_max_threads(): the
@@ -116,7 +128,7 @@ class onednn_matmuls {
     const std::lock_guard lock(mutex_);
     if (const auto it = primitives_.find(k); it != primitives_.end()) return it->second;
     if (primitives_.size() >= primitive_cache_capacity) primitives_.clear();
-    const auto& [type, M, N, K, a_rows, a_cols, b_rows, b_cols, ldc, accumulate, threads] = k;
+    const auto& [a_type, b_type, c_type, M, N, K, a_rows, a_cols, b_rows, b_cols, ldc, accumulate, threads] = k;
     std::optional<entry> made;
     try {
       dnnl::primitive_attr attr;
@@ -125,8 +137,8 @@ class onednn_matmuls {
         sum.append_sum(1.0f);
         attr.set_post_ops(sum);
       }
-      const auto a = descriptor(type, M, K, a_rows, a_cols), b = descriptor(type, K, N, b_rows, b_cols),
-                 c = descriptor(type, M, N, ldc, 1);
+      const auto a = descriptor(a_type, M, K, a_rows, a_cols), b = descriptor(b_type, K, N, b_rows, b_cols),
+                 c = descriptor(c_type, M, N, ldc, 1);
 #if DNNL_VERSION_MAJOR >= 3
       const dnnl::matmul::primitive_desc pd(engine_, a, b, c, attr);
 #else
@@ -134,7 +146,7 @@ class onednn_matmuls {
 #endif
       made = entry{dnnl::matmul(pd), pd.impl_info_str()};
     } catch (const dnnl::error&) {
-      made.reset();  // no kernel for this type here: the caller's own product
+      made.reset();  // no kernel for these types here: the caller's own product
     }
     primitives_.emplace(k, made);
     return made;
