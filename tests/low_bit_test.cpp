@@ -485,9 +485,12 @@ void check_int8_cache_bound(const attention_inputs& in, const std::vector<index_
 
 }  // namespace
 
-// Each matrix library forced (oneDNN's s8·s8→s32 matmul where built, for
-// rows past decoding's; 1100 x 4000 sums take two of its column blocks): the
-// sums are exact either way, so the bits are the reference's.
+// Each matrix library forced (oneDNN's u8·s8→s32 matmul where built and its
+// sums are exact, for rows past decoding's; 1100 x 4000 sums take two of its
+// column blocks): the sums are exact either way, so the bits are the
+// reference's. Then every product at its largest (x and w quantize to 127
+// throughout) with K = 70000: u8·s8 pairs past int16, where a kernel without
+// VNNI saturates, and raw offset sums past 2^31, which the correction undoes.
 TEST_CASE("low-bit: int8 Linear, simd equals the reference bit for bit, within the bound of float64") {
   using library = policy::simd::matmul_library;
   for (const auto matmuls : {library::automatic, library::difftx, library::onednn}) {
@@ -500,9 +503,33 @@ TEST_CASE("low-bit: int8 Linear, simd equals the reference bit for bit, within t
       check_int8_linear<double>(M, K, N, p);
     }
   }
-  check_int8_linear<float>(1100, 19, 4000, policy::simd{.threads = 2, .matmuls = library::onednn});
 #if defined(DIFFTX_ONEDNN)
-  MESSAGE("oneDNN's int8 kernel here: " << policy::simd{.matmuls = library::onednn}.matmul_kernel<std::int8_t>());
+  check_int8_linear<float>(1100, 19, 4000, policy::simd{.threads = 2, .matmuls = library::onednn});
+#endif
+
+  const index_t M = 8, K = 70000, N = 4;
+  Linear<float, policy::reference> ref(K, N);
+  std::fill_n(ref.parameters()[0].value, K * N, 0.25f);
+  quantize(ref);
+  Tensor<float, 3> x({1, M, K}), y_ref({1, M, N}), y({1, M, N});
+  std::fill_n(x.data(), x.size(), 0.5f);
+  typename Linear<float, policy::reference>::saved_type saved;
+  ref.forward(x, y_ref.view(), saved);
+  CHECK(y_ref(0, 0, 0) == doctest::Approx(K * 0.125).epsilon(1e-6));
+  for (const auto matmuls : {library::difftx, library::onednn}) {
+    INFO("matmuls " << static_cast<int>(matmuls));
+    Linear<float, policy::simd> fast(K, N, policy::simd{.threads = 2, .matmuls = matmuls});
+    std::fill_n(fast.parameters()[0].value, K * N, 0.25f);
+    quantize(fast);
+    typename Linear<float, policy::simd>::saved_type saved_fast;
+    fast.forward(x, y.view(), saved_fast);
+    CHECK(std::memcmp(y_ref.data(), y.data(), sizeof(float) * static_cast<std::size_t>(y.size())) == 0);
+  }
+#if defined(DIFFTX_ONEDNN)
+  // Where oneDNN's int8 sums are exact (VNNI), forcing it runs it; elsewhere difftx's kernels do.
+  const auto kernel = policy::simd{.matmuls = library::onednn}.matmul_kernel<std::int8_t>();
+  CHECK(kernel.empty() == !simd_detail::onednn_int8_exact());
+  MESSAGE("oneDNN's int8 kernel here: " << (kernel.empty() ? "none (no VNNI: difftx's own)" : kernel));
 #endif
 }
 

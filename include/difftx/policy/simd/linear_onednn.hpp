@@ -27,7 +27,8 @@ namespace difftx::simd_detail {
 // AVX512_BF16) and on an AMX Xeon. float16 (kernels only with AVX512_FP16)
 // has not been measured: forced only.
 // int8 weights' products (T = std::int8_t) were measured on Zen 4 (oneDNN's
-// u8·s8 brgemm on AVX512_VNNI); on an AMX Xeon oneDNN picks AMX-INT8 itself.
+// u8·s8 brgemm on AVX512_VNNI); on an AMX Xeon oneDNN picks AMX-INT8 itself;
+// CPUs without VNNI never take them (onednn_int8_exact).
 template <class T>
 constexpr bool onednn_measured_faster() {
   return std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, std::int8_t>;
@@ -43,13 +44,15 @@ constexpr matmul_types onednn_types() {
 
 // Whether oneDNN multiplies a product of M rows in T (std::int8_t: int8
 // weights) under p: never decoding's few rows (difftx's GEMV streams the
-// weights once), never without the library.
+// weights once), never without the library, int8 only where its sums are exact.
 template <class T>
 bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index_t M) {
 #if defined(DIFFTX_ONEDNN)
   if constexpr (onednn_computes<T> || std::is_same_v<T, std::int8_t>) {
     using library = policy::simd::matmul_library;
     if (M <= gemv_max_rows || p.matmuls == library::difftx) return false;
+    if constexpr (std::is_same_v<T, std::int8_t>)
+      if (!onednn_int8_exact()) return false;  // forced too: difftx's int8 kernels are exact everywhere
     return p.matmuls == library::onednn || onednn_measured_faster<T>();
   }
 #endif
@@ -117,8 +120,8 @@ bool onednn_weight_gradient([[maybe_unused]] const policy::simd& p, [[maybe_unus
 
 // The exact int8 sums of a's rows with b's (same padding) on oneDNN, handed to
 // store(i, j0, n, sums) as gemm_int8.hpp's int8_products hands them: in blocks
-// of columns (at most 16 MiB of sums), each block's rows stored on the
-// policy's threads. a goes in offset to unsigned bytes (a + 128, u8 · s8: the
+// of columns (16 MiB of sums, or 64 columns past 64k rows), each block's rows
+// stored on the policy's threads. a goes in offset to unsigned bytes (a + 128, u8 · s8: the
 // products x86's int8 instructions make, vpdpbusd and AMX's tdpbusd) and each
 // sum comes out less 128·Σ_p b[j, p], modulo 2^32 as in gemm_int8.hpp. False
 // where oneDNN does not take the product; then, or if a block has no kernel,
@@ -132,8 +135,9 @@ bool onednn_int8_products([[maybe_unused]] const policy::simd& p, [[maybe_unused
   const int threads = thread_count(p);
   aligned_vector<std::uint8_t> offset(static_cast<std::size_t>(M * kp));
   const std::int8_t* values = a.values.data();
-#pragma omp parallel for num_threads(threads) schedule(static) if (M > 4)
-  for (index_t e = 0; e < M * kp; ++e) offset[static_cast<std::size_t>(e)] = static_cast<std::uint8_t>(values[e] ^ 0x80);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (index_t e = 0; e < M * kp; ++e)
+    offset[static_cast<std::size_t>(e)] = static_cast<std::uint8_t>(values[e] ^ 0x80);
   constexpr index_t block_sums = index_t{4} << 20;
   const index_t width = std::min(N, std::max<index_t>(64, block_sums / M / 64 * 64));
   aligned_vector<std::int32_t> sums(static_cast<std::size_t>(M * width));
@@ -142,7 +146,7 @@ bool onednn_int8_products([[maybe_unused]] const policy::simd& p, [[maybe_unused
     if (!onednn_matmuls::instance().run(int8_products_types, M, n, kp, {offset.data(), kp, 1}, {b.row(j0), 1, kp},
                                         sums.data(), n, false, threads))
       return false;
-#pragma omp parallel for num_threads(threads) schedule(static) if (M > 4)
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (index_t i = 0; i < M; ++i) {
       std::int32_t* row = sums.data() + i * n;
       for (index_t c = 0; c < n; ++c)

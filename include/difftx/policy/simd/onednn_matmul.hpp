@@ -55,6 +55,20 @@ struct matmul_types {
 inline constexpr matmul_types int8_products_types{dnnl::memory::data_type::u8, dnnl::memory::data_type::s8,
                                                   dnnl::memory::data_type::s32};
 
+// Whether oneDNN's u8·s8 sums are exact on this CPU (and under its
+// ONEDNN_MAX_CPU_ISA): with VNNI (vpdpbusd, AMX's tdpbusd) they are; without it
+// oneDNN adds pairs of products with vpmaddubsw, which saturates at int16 for
+// bytes as large as difftx's (oneDNN leaves 7-bit inputs to the caller).
+inline bool onednn_int8_exact() {
+  static const bool exact = [] {
+    using isa = dnnl::cpu_isa;
+    const isa effective = dnnl::get_effective_cpu_isa();
+    return effective == isa::avx512_core_vnni || effective == isa::avx512_core_bf16 ||
+           effective == isa::avx512_core_amx || effective == isa::avx2_vnni;
+  }();
+  return exact;
+}
+
 class onednn_matmuls {
  public:
   static constexpr std::size_t primitive_cache_capacity = 256;
@@ -68,7 +82,8 @@ class onednn_matmuls {
   // has no kernel for the types on this CPU.
   bool run(matmul_types types, index_t M, index_t N, index_t K, const matmul_operand& a,
            const matmul_operand& b, void* c, index_t ldc, bool accumulate, int threads) {
-    const key k{types.a, types.b, types.c, M, N, K, a.row_stride, a.column_stride, b.row_stride, b.column_stride, ldc, accumulate, threads};
+    const key k{types.a,         types.b,      types.c,         M,   N,          K,      a.row_stride,
+                a.column_stride, b.row_stride, b.column_stride, ldc, accumulate, threads};
     const thread_count_scope scope(threads);
     const auto made = find_or_create(k);
     if (!made) return false;
@@ -94,8 +109,8 @@ class onednn_matmuls {
     dnnl::matmul primitive;  // a handle: copies share it
     std::string kernel;      // oneDNN's name for it
   };
-  using key = std::tuple<dnnl::memory::data_type, dnnl::memory::data_type, dnnl::memory::data_type, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t,
-                         bool, int>;
+  using key = std::tuple<dnnl::memory::data_type, dnnl::memory::data_type, dnnl::memory::data_type, index_t, index_t,
+                         index_t, index_t, index_t, index_t, index_t, index_t, bool, int>;
 
   // oneDNN's OpenMP kernels take the team size from omp_get_max_threads(): the
   // policy's count for this call, the caller's setting back after it.

@@ -55,8 +55,9 @@ struct simd {
   // difftx's where oneDNN has no kernel, e.g. float16 without AVX512_FP16).
   enum class matmul_library { automatic, difftx, onednn };
   matmul_library matmuls = matmul_library::automatic;
-  // "onednn <its kernel>" where a product of many rows in T runs on oneDNN
-  // under this policy, "" where on difftx's own (defined in linear_onednn.hpp).
+  // "onednn <its kernel>" where a product of many rows in T (std::int8_t: int8
+  // weights) runs on oneDNN under this policy, "" where on difftx's own
+  // (defined in linear_onednn.hpp).
   template <class T>
   std::string matmul_kernel() const;
 };
