@@ -33,6 +33,9 @@ template <class T>
 constexpr bool onednn_measured_faster() {
   return std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, std::int8_t>;
 }
+// Below this many rows difftx's int8 kernels were measured faster than
+// oneDNN's on Zen 4 (docs/design.md, "oneDNN's matmul"): automatic keeps them.
+inline constexpr index_t onednn_int8_min_rows = 32;
 
 // The types of oneDNN's product for Linear in T (std::int8_t: int8 weights).
 template <class T>
@@ -41,6 +44,9 @@ constexpr matmul_types onednn_types() {
   else return matmul_types::all(onednn_type<T>());
 }
 #endif
+
+// The rows of a prefill or training product, for asking what such a product runs on.
+inline constexpr index_t many_rows = 4096;
 
 // Whether oneDNN multiplies a product of M rows in T (std::int8_t: int8
 // weights) under p: never decoding's few rows (difftx's GEMV streams the
@@ -51,8 +57,10 @@ bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index
   if constexpr (onednn_computes<T> || std::is_same_v<T, std::int8_t>) {
     using library = policy::simd::matmul_library;
     if (M <= gemv_max_rows || p.matmuls == library::difftx) return false;
-    if constexpr (std::is_same_v<T, std::int8_t>)
+    if constexpr (std::is_same_v<T, std::int8_t>) {
       if (!onednn_int8_exact()) return false;  // forced too: difftx's int8 kernels are exact everywhere
+      if (p.matmuls == library::automatic && M < onednn_int8_min_rows) return false;
+    }
     return p.matmuls == library::onednn || onednn_measured_faster<T>();
   }
 #endif
@@ -64,7 +72,7 @@ bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index
 template <class T>
 std::string difftx::policy::simd::matmul_kernel() const {
 #if defined(DIFFTX_ONEDNN)
-  if (simd_detail::onednn_takes<T>(*this, simd_detail::gemv_max_rows + 1))
+  if (simd_detail::onednn_takes<T>(*this, simd_detail::many_rows))
     if (const auto kernel = simd_detail::onednn_matmuls::instance().implementation(simd_detail::onednn_types<T>(),
                                                                                    simd_detail::thread_count(*this));
         !kernel.empty())
