@@ -189,7 +189,7 @@ def linear(raw, threads):
         peer = {(r["dtype"], f"{r['M']}x{r['N']}x{r['K']}", r["pass"]): r["gflops"] for r in p["rows"]}
     rows, onednn_vs, torch_vs = [], [], []
     for dtype in ("float32", "bfloat16", "int8"):
-        for shape in ("2048x2048x2048", "512x4096x1024", "512x1024x4096"):
+        for shape in ("2048x2048x2048", "512x4096x1024", "512x1024x4096", "8x4096x1024", "32x4096x1024"):
             for p in ("forward", "backward"):
                 d = ours.get(f"op:linear/simd/{dtype}/difftx/{p}/{shape}", {}).get("GFLOP/s")
                 o = ours.get(f"op:linear/simd/{dtype}/onednn/{p}/{shape}", {}).get("GFLOP/s")
@@ -201,8 +201,8 @@ def linear(raw, threads):
                 rows.append([dtype, shape.replace("x", " x "), p, f"{d:.0f}", f"{o:.0f}" if o else "not built",
                              f"{t:.0f}" if t else "not run", ratio(o, d) if o else "n/a", ratio(t, d) if t else "n/a"])
     tables = [table("GFLOP/s of Linear's products on M tokens x N outputs x K inputs (forward y = x·wᵀ; "
-                    "backward dx = dy·w and dw += dyᵀ·x); 2048³ and a 375M model's prefill shapes "
-                    "(512 tokens, C 1024 to F 4096 and back). difftx: `policy::simd{.matmuls = difftx}`, "
+                    "backward dx = dy·w and dw += dyᵀ·x); 2048³, a 375M model's prefill shapes "
+                    "(512 tokens, C 1024 to F 4096 and back), and 8 and 32 rows. difftx: `policy::simd{.matmuls = difftx}`, "
                     "oneDNN: `.matmuls = onednn` (Google Benchmark); PyTorch: `torch.nn.functional.linear` "
                     "and two matmuls, median of 5. int8: int8 weights and a float32 input quantized on "
                     "each call, forward only (oneDNN: u8·s8→s32, the same sums as difftx's); PyTorch: "

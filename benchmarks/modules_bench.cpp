@@ -376,8 +376,9 @@ void register_bf16_products() {
 }
 
 // Linear's products on each matrix library (policy::simd::matmuls: difftx's
-// own, oneDNN's matmul where built) at a square size and at a 375M model's
-// prefill shapes (512 tokens: C 1024 -> F 4096 and back), forward (y = x·wᵀ)
+// own, oneDNN's matmul where built) at a square size, at a 375M model's
+// prefill shapes (512 tokens: C 1024 -> F 4096 and back) and at 8 and 32 rows
+// (short prompts, batched decoding: where automatic's choice turns), forward (y = x·wᵀ)
 // and backward (dx = dy·w, dw += dyᵀ·x). T = std::int8_t: int8 weights
 // (float32 input quantized per row, exact int32 sums), forward only.
 template <class T>
@@ -390,7 +391,8 @@ void register_linear_libraries(const std::string& dtype) {
     if (matmuls == library::onednn) continue;
 #endif
     const std::string name = matmuls == library::onednn ? "onednn" : "difftx";
-    for (const auto& [M, N, K] : {std::array<index_t, 3>{2048, 2048, 2048}, {512, 4096, 1024}, {512, 1024, 4096}})
+    for (const auto& [M, N, K] : {std::array<index_t, 3>{2048, 2048, 2048}, {512, 4096, 1024}, {512, 1024, 4096},
+                                  {8, 4096, 1024}, {32, 4096, 1024}})
       for (const bool backward : {false, true}) {
         if (int8_weights && backward) continue;
         benchmark::RegisterBenchmark(("op:linear/simd/" + dtype + "/" + name + (backward ? "/backward/" : "/forward/") +

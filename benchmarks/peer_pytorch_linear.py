@@ -22,7 +22,7 @@ import time
 
 import torch
 
-SHAPES = [(2048, 2048, 2048), (512, 4096, 1024), (512, 1024, 4096)]  # difftx_bench's rows
+SHAPES = [(2048, 2048, 2048), (512, 4096, 1024), (512, 1024, 4096), (8, 4096, 1024), (32, 4096, 1024)]  # difftx_bench's
 
 
 def timed(fn, repeats):
