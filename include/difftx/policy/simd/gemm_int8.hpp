@@ -147,6 +147,27 @@ inline const char* int8_kernel_name() noexcept {
   }
 }
 
+// a's bytes offset to unsigned (a + 128, the top bit flipped), for kernels
+// that multiply u8 · s8 (vpdpbusd here, oneDNN's matmul in linear_onednn.hpp).
+template <class A>
+aligned_vector<std::uint8_t> offset_to_unsigned(const policy::simd& p, const int8_rows<A>& a) {
+  const index_t count = a.rows * a.padded;
+  aligned_vector<std::uint8_t> offset(static_cast<std::size_t>(count));
+  const std::int8_t* values = a.values.data();
+#pragma omp parallel for num_threads(thread_count(p)) schedule(static) if (count > (index_t{1} << 16))
+  for (index_t e = 0; e < count; ++e) offset[static_cast<std::size_t>(e)] = static_cast<std::uint8_t>(values[e] ^ 0x80);
+  return offset;
+}
+
+// Raw sums of (a + 128)·b for b's rows j0 .. j0 + n made exact: less 128·Σ b,
+// modulo 2^32 as the int32 lanes wrapped on the way.
+template <class A>
+void remove_unsigned_offset(std::int32_t* sums, const int8_rows<A>& b, index_t j0, index_t n) {
+  for (index_t c = 0; c < n; ++c)
+    sums[c] = static_cast<std::int32_t>(static_cast<std::uint32_t>(sums[c]) -
+                                        128u * static_cast<std::uint32_t>(b.sums[static_cast<std::size_t>(j0 + c)]));
+}
+
 // The exact products of every row of a with every row of b (same padding),
 // handed to store(i, j0, n, sums): row i of a against rows j0 .. j0 + n of b.
 // Rows of b in blocks of 64 over the threads; a few rows of a (decoding) in
@@ -156,11 +177,10 @@ void int8_products_with(const policy::simd& p, const int8_rows<A>& a, const int8
   constexpr int R = Kernel::rows;
   const index_t M = a.rows, N = b.rows, kp = a.padded;
   const std::int8_t* a_bytes = a.values.data();
-  aligned_vector<std::int8_t> offset;  // a + 128 for kernels that multiply unsigned bytes
+  aligned_vector<std::uint8_t> offset;  // a + 128 for kernels that multiply unsigned bytes
   if constexpr (Kernel::offset_a) {
-    offset.resize(static_cast<std::size_t>(a.values.size()));
-    for (std::size_t e = 0; e < offset.size(); ++e) offset[e] = static_cast<std::int8_t>(a_bytes[e] ^ std::int8_t(-128));
-    a_bytes = offset.data();
+    offset = offset_to_unsigned(p, a);
+    a_bytes = reinterpret_cast<const std::int8_t*>(offset.data());
   }
   const index_t block = M <= 4 ? std::max<index_t>(4, (N / (4 * thread_count(p)) + 3) / 4 * 4) : 64;
   const index_t blocks = (N + block - 1) / block;
@@ -183,10 +203,7 @@ void int8_products_with(const policy::simd& p, const int8_rows<A>& a, const int8
       }
       for (index_t r = 0; r < rows; ++r) {
         std::int32_t* row = sums.data() + r * n;
-        if constexpr (Kernel::offset_a)  // Σ (a + 128)·b - 128·Σ b, modulo 2^32 as the lanes wrapped
-          for (index_t c = 0; c < n; ++c)
-            row[c] = static_cast<std::int32_t>(static_cast<std::uint32_t>(row[c]) -
-                                               128u * static_cast<std::uint32_t>(b.sums[static_cast<std::size_t>(j0 + c)]));
+        if constexpr (Kernel::offset_a) remove_unsigned_offset(row, b, j0, n);
         store(i0 + r, j0, n, static_cast<const std::int32_t*>(row));
       }
     }

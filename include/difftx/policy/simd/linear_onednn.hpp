@@ -16,6 +16,7 @@
 #include "difftx/ops/int8.hpp"
 #include "difftx/ops/linear.hpp"
 #include "difftx/policy/simd/common.hpp"
+#include "difftx/policy/simd/gemm_int8.hpp"
 #include "difftx/policy/simd/onednn_matmul.hpp"
 
 namespace difftx::simd_detail {
@@ -131,7 +132,7 @@ bool onednn_weight_gradient([[maybe_unused]] const policy::simd& p, [[maybe_unus
 // of columns (16 MiB of sums, or 64 columns past 64k rows), each block's rows
 // stored on the policy's threads. a goes in offset to unsigned bytes (a + 128, u8 · s8: the
 // products x86's int8 instructions make, vpdpbusd and AMX's tdpbusd) and each
-// sum comes out less 128·Σ_p b[j, p], modulo 2^32 as in gemm_int8.hpp. False
+// sum comes out less 128·Σ_p b[j, p] (gemm_int8.hpp's helpers for both). False
 // where oneDNN does not take the product; then, or if a block has no kernel,
 // the caller's int8_products computes every sum again.
 template <class A, class Store>
@@ -141,11 +142,7 @@ bool onednn_int8_products([[maybe_unused]] const policy::simd& p, [[maybe_unused
   const index_t M = a.rows, N = b.rows, kp = a.padded;
   if (!onednn_takes<std::int8_t>(p, M)) return false;
   const int threads = thread_count(p);
-  aligned_vector<std::uint8_t> offset(static_cast<std::size_t>(M * kp));
-  const std::int8_t* values = a.values.data();
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (index_t e = 0; e < M * kp; ++e)
-    offset[static_cast<std::size_t>(e)] = static_cast<std::uint8_t>(values[e] ^ 0x80);
+  const auto offset = offset_to_unsigned(p, a);
   constexpr index_t block_sums = index_t{4} << 20;
   const index_t width = std::min(N, std::max<index_t>(64, block_sums / M / 64 * 64));
   aligned_vector<std::int32_t> sums(static_cast<std::size_t>(M * width));
@@ -157,9 +154,7 @@ bool onednn_int8_products([[maybe_unused]] const policy::simd& p, [[maybe_unused
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (index_t i = 0; i < M; ++i) {
       std::int32_t* row = sums.data() + i * n;
-      for (index_t c = 0; c < n; ++c)
-        row[c] = static_cast<std::int32_t>(static_cast<std::uint32_t>(row[c]) -
-                                           128u * static_cast<std::uint32_t>(b.sums[static_cast<std::size_t>(j0 + c)]));
+      remove_unsigned_offset(row, b, j0, n);
       store(i, j0, n, static_cast<const std::int32_t*>(row));
     }
   }
