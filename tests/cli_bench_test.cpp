@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <difftx/policy/simd/bf16_product.hpp>
+#include <difftx/policy/simd/tag.hpp>
 
 #include "support/cli_fixtures.hpp"
 
@@ -77,6 +78,17 @@ TEST_CASE("cli: bench names the path of bfloat16 products, and --bf16-product ch
   CHECK(detail("float32", "automatic", "onednn").find("onednn") == std::string::npos);
 #endif
   expect_usage_error("bench --module swiglu --batch 1 --seq 8 --d-model 16 --matmul mkl", {"--matmul", "mkl"});
+}
+
+TEST_CASE("cli: bench --amx runs the attention tiles on AMX where the CPU grants them, and says so") {
+  auto detail = [](const std::string& amx) {
+    const auto r = difftx_cli("bench --module multihead --batch 1 --seq 70 --d-model 32 --heads 2 --json --repeats 1 "
+                              "--policy simd --dtype bfloat16" + amx);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out).at("policy_detail").get<std::string>();
+  };
+  CHECK(detail("").find("amx") == std::string::npos);  // off by default
+  CHECK((detail(" --amx").find("amx tiles") != std::string::npos) == difftx::policy::simd{.amx_tiles = true}.amx_tiles_used());
 }
 
 TEST_CASE("cli: bench counts FLOPs as documented (checked by hand on small shapes)") {

@@ -17,6 +17,7 @@
 
 #include <difftx/difftx.hpp>
 #include <difftx/policy/simd.hpp>
+#include <difftx/policy/simd/amx_tile_model.hpp>
 #include <difftx/testing/tolerance.hpp>
 
 #include "support/compare_modules.hpp"
@@ -48,7 +49,7 @@ struct attention_inputs {
 template <class T, int Maps, class P>
 Tensor<T, 4> forward(const P& policy, const attention_inputs& in, bool causal, int bits,
                      inference_dtype qk = inference_dtype::same,
-                     simd_detail::score_tile_fn tile = simd_detail::int8_score_tile<float>()) {
+                     simd_detail::score_tile_fn tile = simd_detail::int8_score_tile<float>(false)) {
   const auto q = test_support::convert<T>(in.q), k = test_support::convert<T>(in.k);
   const auto v = test_support::convert<T>(in.v);
   const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2);
@@ -57,10 +58,10 @@ Tensor<T, 4> forward(const P& policy, const attention_inputs& in, bool causal, i
   Tensor<accum_t<T>, 1> lambda(Maps == 2 ? shape_t<1>{1} : shape_t<1>{});
   if (Maps == 2) lambda(0) = accum_t<T>(0.375);
   if constexpr (std::is_same_v<P, policy::simd>)
-    if (tile != simd_detail::int8_score_tile<float>()) {  // another score kernel than this CPU's: past the op's checks
+    if (tile != simd_detail::int8_score_tile<float>(false)) {  // another score kernel than this CPU's: past the op's checks
       simd_detail::fused_attention_forward<Maps, T>(policy, q.const_view(), k.const_view(), v.const_view(),
                                                     lambda.const_view(), causal, o.view(), o2.view(), lse.view(), bits,
-                                                    qk, tile);
+                                                    qk, simd_detail::score_kernels{tile, nullptr});
       return o;
     }
   attention_forward<Maps>(policy, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), causal, o.view(),
@@ -669,6 +670,13 @@ void modelled_vnni_score_tile(index_t d4, const std::int8_t* q8, const std::int8
     }
 }
 
+// tdpbusd on the tile model (amx_tile_model.hpp), in the same layout.
+void modelled_amx_score_tile(index_t d4, const std::int8_t* q8, const std::int8_t* k8, const std::int32_t* corr,
+                             const float* q_steps, const float* k_steps, float* s) {
+  simd_detail::amx_tile_model tiles;
+  simd_detail::amx_score_tile_on(tiles, d4, q8, k8, corr, q_steps, k_steps, s);
+}
+
 // int8 Q·Kᵀ against the unquantized float64 output: with s_q, s_k the steps
 // of a query row and a key (max|·|/127), q̂ and k̂ within half a step per entry,
 //   |ŝ_t - s_t| <= ((s_q/2)·Σ_c |k̂_c| + (s_k/2)·Σ_c |q_c|) / sqrt(d) =: ε_t,
@@ -715,9 +723,10 @@ TEST_CASE("low-bit: int8 Q·Kᵀ in the fused forward: every score kernel agains
   const policy::reference ref;
   const policy::simd fast{2};
   std::vector<std::pair<std::string, simd_detail::score_tile_fn>> kernels{{"float product on the int8 values", nullptr},
-                                                                          {"modelled vpdpbusd", modelled_vnni_score_tile}};
-  if (simd_detail::int8_score_tile<float>())
-    kernels.emplace_back("vpdpbusd", simd_detail::int8_score_tile<float>());
+                                                                          {"modelled vpdpbusd", modelled_vnni_score_tile},
+                                                                          {"modelled tdpbusd", modelled_amx_score_tile}};
+  if (simd_detail::int8_score_tile<float>(false))
+    kernels.emplace_back("vpdpbusd", simd_detail::int8_score_tile<float>(false));
   else
     MESSAGE("this CPU has no AVX512_VNNI: the int8 score tile ran as its model only");
   // d = 16, and d = 6 (the VNNI layout pads the depth to 8); N = 1, a ragged

@@ -73,6 +73,7 @@ void bench_model(const model_bench_options& o) {
   auto spec = source.spec();
   spec.bf16_product = o.bf16_product;
   spec.matmuls = o.matmuls;
+  spec.amx_tiles = o.amx_tiles;
   spec.weights = storage_of(o.weights_dtype);
   spec.kv_cache = storage_of(o.kv_dtype);
   spec.decodes = true;

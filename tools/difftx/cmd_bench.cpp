@@ -35,6 +35,7 @@ struct bench_options {
   int repeats = 10, threads = 0;
   std::string bf16_product = "automatic";  // module_spec::bf16_product
   std::string matmuls = "automatic";       // module_spec::matmuls
+  bool amx = false;                        // module_spec::amx_tiles
   std::string cuda_attention = module_spec{}.cuda_attention;
   std::string model;  // --model: a language model's prefill and decode instead
   index_t new_tokens = 32;
@@ -65,7 +66,7 @@ module_spec bench_spec(const bench_options& o) {
        .attention = {.d_model = o.d_model, .heads = o.heads, .kv_heads = o.kv_heads, .causal = !o.no_causal,
                      .head_dim = o.head_dim, .logit_bits = o.logit_bits, .qk_dtype = storage_of(o.qk_dtype)},
        .ffn_dim = o.ffn_dim, .differential = !o.baseline, .threads = o.threads, .bf16_product = o.bf16_product,
-       .matmuls = o.matmuls,
+       .matmuls = o.matmuls, .amx_tiles = o.amx,
        .cuda_attention = o.cuda_attention});
   check_config(spec, "bench");
   return spec;
@@ -245,6 +246,10 @@ void add_bench_command(CLI::App& app) {
                   "one (the policy column names oneDNN's kernel when it ran)")
       ->check(CLI::IsMember({"automatic", "difftx", "onednn"}))
       ->capture_default_str();
+  cmd->add_flag("--amx", o->amx,
+                "simd: AMX tiles in the attention's score tiles (bfloat16, and int8 Q·Kᵀ), off by default until they "
+                "have run on an AMX CPU; where this CPU or OS has no AMX the AVX-512 kernels run (the policy column says "
+                "\"amx tiles\" when they ran)");
   cmd->add_option("--cuda-attention", o->cuda_attention,
                   "cuda: whose attention kernels run: difftx's own, or cuDNN's fused attention where it applies "
                   "(float16/bfloat16, sm_80 and newer; difftx's elsewhere) in a build with cuDNN; the policy column "
@@ -315,7 +320,7 @@ void add_bench_command(CLI::App& app) {
         throw CLI::ValidationError(storage->get_name(), "applies to --decode or --model (the decode of a cache)");
     if (!o->model.empty())
       return bench_model({.model = o->model, .dtype = o->dtype, .policies = o->policies, .bf16_product = o->bf16_product,
-                          .matmuls = o->matmuls,
+                          .matmuls = o->matmuls, .amx_tiles = o->amx,
                           .weights_dtype = o->weights_dtype, .kv_dtype = o->kv_dtype,
                           .flags = {.heads = heads->count() ? o->heads : 0, .kv_heads = kv_heads->count() ? o->kv_heads : 0,
                                     .threads = o->threads},

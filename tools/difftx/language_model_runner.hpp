@@ -37,6 +37,7 @@ struct language_model_spec {
   int threads = 0;  // for a policy with threads; 0 means its default
   std::string bf16_product = "automatic";  // simd: module_spec::bf16_product
   std::string matmuls = "automatic";       // simd: module_spec::matmuls
+  bool amx_tiles = false;                  // simd: module_spec::amx_tiles
   // Low-bit inference (docs/semantics.md): int8 weights, quantized once as
   // they load; an int8 KV cache for prefill and decode.
   inference_dtype weights = inference_dtype::same, kv_cache = inference_dtype::same;

@@ -142,7 +142,8 @@ namespace detail {
 template <class T, class Policy>
 std::unique_ptr<language_model_runner> make_language_model(const language_model_spec& spec) {
   using Layer = DecoderLayer<T, dynamic, Policy>;
-  const auto policy = make_policy<Policy>({.threads = spec.threads, .bf16_product = spec.bf16_product, .matmuls = spec.matmuls});
+  const auto policy = make_policy<Policy>(
+      {.threads = spec.threads, .bf16_product = spec.bf16_product, .matmuls = spec.matmuls, .amx_tiles = spec.amx_tiles});
   const uninitialised_parameters loaded_next;  // load() sets every parameter
   std::vector<Layer> layers;
   layers.reserve(spec.layers.size());

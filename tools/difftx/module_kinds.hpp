@@ -120,6 +120,8 @@ struct module_spec {
   // simd: who multiplies products of many rows, policy::simd::matmuls by
   // name (automatic, difftx, onednn).
   std::string matmuls = "automatic";
+  // simd: AMX tiles in the attention kernels, policy::simd::amx_tiles.
+  bool amx_tiles = false;
   // cuda: whose attention kernels run, policy::cuda::attention by name
   // (difftx, cudnn); the policy's default, cuDNN's where this tool was built with it.
   std::string cuda_attention{name_of(default_cuda_attention)};

@@ -51,14 +51,18 @@ int policy_threads([[maybe_unused]] const Policy& policy) {
 
 // What a model's matrix products of many rows run on under policy: oneDNN's
 // kernel where it takes them (simd's matmuls), else for bfloat16 simd's path
-// ("vdpbf16ps" or "converting", bf16_products resolved for this CPU); "" otherwise.
+// ("vdpbf16ps" or "converting", bf16_products resolved for this CPU); then
+// "amx tiles" where simd's attention tiles run on AMX; "" otherwise.
 template <class T, class Policy>
 std::string product_kernel_of(const Policy& policy) {
-  if constexpr (requires { policy.template matmul_kernel<T>(); })
-    if (auto kernel = policy.template matmul_kernel<T>(); !kernel.empty()) return kernel;
+  std::string kernel;
+  if constexpr (requires { policy.template matmul_kernel<T>(); }) kernel = policy.template matmul_kernel<T>();
   if constexpr (std::is_same_v<T, Eigen::bfloat16> && requires { policy.bf16_product_used(); })
-    return policy.bf16_product_used() == Policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
-  return "";
+    if (kernel.empty())
+      kernel = policy.bf16_product_used() == Policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
+  if constexpr (requires { policy.amx_tiles_used(); })
+    if (policy.amx_tiles_used()) kernel += kernel.empty() ? "amx tiles" : ", amx tiles";
+  return kernel;
 }
 
 // The attention calls the policy's context counted, by path (policy::cuda); "" for other policies.
@@ -241,8 +245,8 @@ class module_runner final : public runner {
 namespace detail {
 
 // The policy object every module of the runner gets: spec.threads, where the
-// policy has threads; spec.bf16_product and spec.cuda_attention, where it has
-// those choices.
+// policy has threads; spec.bf16_product, spec.matmuls, spec.amx_tiles and
+// spec.cuda_attention, where it has those choices.
 template <class Policy>
 Policy make_policy(const module_spec& s) {
   Policy policy{};
@@ -262,6 +266,7 @@ Policy make_policy(const module_spec& s) {
     using library = typename Policy::matmul_library;
     policy.matmuls = s.matmuls == "difftx" ? library::difftx : s.matmuls == "onednn" ? library::onednn : library::automatic;
   }
+  if constexpr (requires { policy.amx_tiles; }) policy.amx_tiles = s.amx_tiles;
   return policy;
 }
 

@@ -9,12 +9,16 @@
 //   attention_low_bit_forward.hpp  the same loop with int8 Q·Kᵀ and/or
 //                                  quantized logits (low-bit inference)
 //   attention_int8.hpp             int8 Q·Kᵀ's keys, queries and score tile
+//                                  (VNNI, AMX-INT8)
+//   attention_bf16.hpp             the forward's loop with bfloat16 score
+//                                  tiles (vdpbf16ps, AMX-BF16)
 //   attention_backward.hpp         the backward, phase by phase
 #pragma once
 
 #include "difftx/ops/attention.hpp"
 #include "difftx/ops/logit_quantization.hpp"
 #include "difftx/policy/simd/attention_backward.hpp"
+#include "difftx/policy/simd/attention_bf16.hpp"
 #include "difftx/policy/simd/attention_forward.hpp"
 #include "difftx/policy/simd/attention_int8.hpp"
 #include "difftx/policy/simd/attention_low_bit_forward.hpp"
@@ -24,21 +28,39 @@ namespace difftx {
 
 namespace simd_detail {
 
-// The forward of attention_forward below, past its checks: the float kernel,
-// or the low-bit one where logits are quantized or qk = int8. There the
-// score tiles come from tile_kernel (attention_int8.hpp), or from the float
-// product on the int8 values when it is nullptr (the tests pass a model of
-// the instruction).
+// The score tile kernels of a forward: int8's (nullptr: the float product on
+// the int8 values) and bfloat16's (nullptr: the float product on float copies).
+struct score_kernels {
+  score_tile_fn int8 = nullptr;
+  bf16_score_tile_fn bf16 = nullptr;
+};
+// The ones policy p runs on this CPU for accumulation type A.
+template <class A>
+score_kernels score_kernels_for(const policy::simd& p) noexcept {
+  return {int8_score_tile<A>(p.amx_tiles),
+          bf16_score_tile(p.amx_tiles, p.bf16_product_used() == policy::bf16_product::dot_instructions)};
+}
+
+// The forward of attention_forward below, past its checks: the float kernel
+// (on bfloat16 score tiles where T is bfloat16 and kernels.bf16 is set), or
+// the low-bit one where logits are quantized or qk = int8, with score tiles
+// from kernels.int8. The tests pass models of the instructions.
 template <int Maps, class T>
 void fused_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
                              cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
                              TensorView<accum_t<T>, 4> lse, int logit_bits, inference_dtype qk,
-                             score_tile_fn tile_kernel) {
+                             score_kernels kernels) {
   const accum_t<T> lam = Maps == 2 ? lambda(0) : accum_t<T>(0);
-  if (logit_bits == logits_unquantized && qk != inference_dtype::int8)
-    float_attention_forward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse);
-  else
-    low_bit_attention_forward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse, logit_bits, qk, tile_kernel);
+  if (logit_bits != logits_unquantized || qk == inference_dtype::int8) {
+    low_bit_attention_forward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse, logit_bits, qk, kernels.int8);
+    return;
+  }
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+    if (kernels.bf16) {
+      bf16_tile_attention_forward<Maps>(p, q, k, v, lam, causal, o, o2, lse, kernels.bf16);
+      return;
+    }
+  float_attention_forward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse);
 }
 
 }  // namespace simd_detail
@@ -60,7 +82,7 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
   detail::check_logit_bits<A>(where, logit_bits);
   detail::check_qk_dtype<A>(where, qk, q.extent(4));
   simd_detail::fused_attention_forward<Maps, T>(p, q, k, v, lambda, causal, o, o2, lse, logit_bits, qk,
-                                                simd_detail::int8_score_tile<A>());
+                                                simd_detail::score_kernels_for<A>(p));
 }
 
 // do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,N,G,Maps,d], dv [B,N,G,dv], dlambda [1] (all assigned)

@@ -10,19 +10,24 @@
 //    of a query row (offset by 128 to unsigned; corrected by 128·Σ_c k8[t, c]):
 //    16 instructions per 64 keys x 4 depths, against 16 float FMAs per 16
 //    depths. A 4-row x 64-key block keeps 16 accumulators in registers.
+//  - AMX-INT8 (amx_score_tile, where policy::simd::amx_tiles asks for it):
+//    tdpbusd on the same two layouts (q8's rows are A's, k8's groups of 4
+//    bytes B's), 16 x 16 x 64 bytes an instruction (amx_product.hpp).
 //  - every other CPU: the int8 values written back as floats, and the float
 //    tile product sums them exactly (|sum| <= 127²·d < 2^24 for d <= 1040),
 //    then the two steps. As fast as the float kernel, never slower: AVX2's
 //    byte products (vpmaddubsw) do no more multiply-adds per instruction than
 //    its float FMAs here.
 // The tests run the VNNI layout on every CPU through a scalar model of the
-// instruction (a score_tile_fn).
+// instruction (a score_tile_fn), and the AMX kernel on the tile model
+// (amx_tile_model.hpp).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "difftx/ops/int8.hpp"
+#include "difftx/policy/simd/amx_product.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm_int8.hpp"
 
@@ -67,14 +72,43 @@ using score_tile_fn = void (*)(index_t d4, const std::int8_t* q8, const std::int
 }
 #endif
 
-// The score tile kernel this CPU runs for accumulation type A, or nullptr for
+// The AMX score tile on a tile unit (amx_tile_unit, or the model in the
+// tests): the exact sums of vnni_score_tile's, so the same bits.
+template <class Tiles>
+void amx_score_tile_on(Tiles& tiles, index_t d4, const std::int8_t* q8, const std::int8_t* k8,
+                       const std::int32_t* corr, const float* q_steps, const float* k_steps, float* s) {
+  alignas(64) std::int32_t sums[64 * 64];
+  amx_tile_product_64<amx_product::u8s8>(tiles, d4, q8, 4 * d4, k8, sums);
+  for (index_t i = 0; i < 64; ++i)
+    for (index_t t = 0; t < 64; ++t) {
+      const auto exact = static_cast<std::int32_t>(static_cast<std::uint32_t>(sums[i * 64 + t]) -
+                                                   static_cast<std::uint32_t>(corr[t]));  // wraps as vpsubd
+      s[i * 64 + t] = float(exact) * q_steps[i] * k_steps[t];
+    }
+}
+
+#if DIFFTX_AMX
+inline void amx_score_tile(index_t d4, const std::int8_t* q8, const std::int8_t* k8, const std::int32_t* corr,
+                           const float* q_steps, const float* k_steps, float* s) {
+  amx_tile_unit tiles;
+  amx_score_tile_on(tiles, d4, q8, k8, corr, q_steps, k_steps, s);
+}
+#endif
+
+// The score tile kernel this CPU runs for accumulation type A (AMX where
+// `amx` asks for it and the CPU and OS grant it, else VNNI), or nullptr for
 // the float product on the int8 values.
 template <class A>
-score_tile_fn int8_score_tile() noexcept {
+score_tile_fn int8_score_tile(bool amx) noexcept {
+  if constexpr (std::is_same_v<A, float>) {
+#if DIFFTX_AMX
+    if (amx && amx_runs(amx_product::u8s8)) return amx_score_tile;
+#endif
 #if DIFFTX_INT8_DOTS
-  if constexpr (std::is_same_v<A, float>)
     if (int8_dot_kernel() == int8_kernel::avx512_vnni) return vnni_score_tile;
 #endif
+  }
+  (void)amx;
   return nullptr;
 }
 

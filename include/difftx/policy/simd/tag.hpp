@@ -11,6 +11,7 @@
 
 #include "difftx/core/memory.hpp"
 #include "difftx/core/scalar_traits.hpp"
+#include "difftx/policy/simd/amx_tiles.hpp"
 #include "difftx/policy/simd/bf16_product.hpp"
 
 namespace difftx::policy {
@@ -60,6 +61,16 @@ struct simd {
   // (defined in linear_onednn.hpp).
   template <class T>
   std::string matmul_kernel() const;
+  // AMX tiles (Sapphire Rapids and later) in difftx's own attention kernels:
+  // the int8 and bfloat16 score tiles (docs/design.md, "AMX"). Off by default
+  // until they have run on an AMX CPU; asked for, they run where the CPU and
+  // the OS grant tile data, and the AVX-512 kernels run elsewhere.
+  bool amx_tiles = false;
+  // Whether they run under this policy on this CPU: asked for, and granted.
+  bool amx_tiles_used() const noexcept {
+    return amx_tiles && (simd_detail::amx_runs(simd_detail::amx_product::u8s8) ||
+                         simd_detail::amx_runs(simd_detail::amx_product::bf16));
+  }
 };
 
 }  // namespace difftx::policy
