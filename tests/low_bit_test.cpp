@@ -17,9 +17,9 @@
 
 #include <difftx/difftx.hpp>
 #include <difftx/policy/simd.hpp>
-#include <difftx/policy/simd/amx_tile_model.hpp>
 #include <difftx/testing/tolerance.hpp>
 
+#include "support/amx_models.hpp"
 #include "support/compare_modules.hpp"
 #include "support/helpers.hpp"
 
@@ -670,13 +670,6 @@ void modelled_vnni_score_tile(index_t d4, const std::int8_t* q8, const std::int8
     }
 }
 
-// tdpbusd on the tile model (amx_tile_model.hpp), in the same layout.
-void modelled_amx_score_tile(index_t d4, const std::int8_t* q8, const std::int8_t* k8, const std::int32_t* corr,
-                             const float* q_steps, const float* k_steps, float* s) {
-  simd_detail::amx_tile_model tiles;
-  simd_detail::amx_score_tile_on(tiles, d4, q8, k8, corr, q_steps, k_steps, s);
-}
-
 // int8 Q·Kᵀ against the unquantized float64 output: with s_q, s_k the steps
 // of a query row and a key (max|·|/127), q̂ and k̂ within half a step per entry,
 //   |ŝ_t - s_t| <= ((s_q/2)·Σ_c |k̂_c| + (s_k/2)·Σ_c |q_c|) / sqrt(d) =: ε_t,
@@ -724,7 +717,7 @@ TEST_CASE("low-bit: int8 Q·Kᵀ in the fused forward: every score kernel agains
   const policy::simd fast{2};
   std::vector<std::pair<std::string, simd_detail::score_tile_fn>> kernels{{"float product on the int8 values", nullptr},
                                                                           {"modelled vpdpbusd", modelled_vnni_score_tile},
-                                                                          {"modelled tdpbusd", modelled_amx_score_tile}};
+                                                                          {"modelled tdpbusd", test_support::modelled_amx_int8_score_tile}};
   if (simd_detail::int8_score_tile<float>(false))
     kernels.emplace_back("vpdpbusd", simd_detail::int8_score_tile<float>(false));
   else

@@ -20,6 +20,7 @@
 #include <difftx/testing/compare.hpp>
 #include <difftx/testing/tolerance.hpp>
 
+#include "support/amx_models.hpp"
 #include "support/helpers.hpp"
 
 using namespace difftx;
@@ -27,17 +28,6 @@ using simd_detail::amx_config;
 using simd_detail::amx_tile_model;
 
 namespace {
-
-void modelled_int8_score_tile(index_t d4, const std::int8_t* q8, const std::int8_t* k8, const std::int32_t* corr,
-                              const float* q_steps, const float* k_steps, float* s) {
-  amx_tile_model tiles;
-  simd_detail::amx_score_tile_on(tiles, d4, q8, k8, corr, q_steps, k_steps, s);
-}
-
-void modelled_bf16_score_tile(index_t d2, const Eigen::bfloat16* q2, const Eigen::bfloat16* k2, float scale, float* s) {
-  amx_tile_model tiles;
-  simd_detail::amx_bf16_score_tile_on(tiles, d2, q2, k2, scale, s);
-}
 
 // vdpbf16ps lane by lane on the same layouts: each pair's high product first.
 void modelled_pairs_score_tile(index_t d2, const Eigen::bfloat16* q2, const Eigen::bfloat16* k2, float scale, float* s) {
@@ -115,7 +105,7 @@ TEST_CASE("score tiles: the AMX tile model computes tdpbusd and tdpbf16ps as def
 }
 
 TEST_CASE("score tiles: int8 on AMX gives the exact sums' bits, at every depth step") {
-  std::vector<std::pair<std::string, simd_detail::score_tile_fn>> kernels{{"modelled tdpbusd", modelled_int8_score_tile}};
+  std::vector<std::pair<std::string, simd_detail::score_tile_fn>> kernels{{"modelled tdpbusd", test_support::modelled_amx_int8_score_tile}};
   if (simd_detail::amx_runs(simd_detail::amx_product::u8s8))
     kernels.emplace_back("tdpbusd", simd_detail::int8_score_tile<float>(true));
   else
@@ -198,7 +188,7 @@ void check_bf16_scores(const std::string& name, simd_detail::bf16_score_tile_fn 
 
 TEST_CASE("score tiles: bfloat16 attention's on tdpbf16ps and vdpbf16ps match the float product's") {
   const std::vector<std::pair<std::string, simd_detail::bf16_score_tile_fn>> models{
-      {"modelled tdpbf16ps", modelled_bf16_score_tile}, {"modelled vdpbf16ps", modelled_pairs_score_tile}};
+      {"modelled tdpbf16ps", test_support::modelled_amx_bf16_score_tile}, {"modelled vdpbf16ps", modelled_pairs_score_tile}};
   for (const auto& [name, kernel] : models) {
     check_bf16_scores<1>(name, kernel);
     check_bf16_scores<2>(name, kernel);

@@ -80,15 +80,13 @@ inline void amx_bf16_score_tile(index_t d2, const Eigen::bfloat16* q2, const Eig
 // and the CPU and OS grant it, else vdpbf16ps's where bfloat16 products take
 // the instruction (`dot_instructions`: bf16_product_used() says so only where
 // the CPU has it), else nullptr for the float product.
-inline bf16_score_tile_fn bf16_score_tile(bool amx, bool dot_instructions) noexcept {
+inline bf16_score_tile_fn bf16_score_tile([[maybe_unused]] bool amx, [[maybe_unused]] bool dot_instructions) noexcept {
 #if DIFFTX_AMX
   if (amx && amx_runs(amx_product::bf16)) return amx_bf16_score_tile;
 #endif
 #if DIFFTX_BF16_PAIRS
   if (dot_instructions && bf16_pair_instructions()) return pairs_score_tile;
 #endif
-  (void)amx;
-  (void)dot_instructions;
   return nullptr;
 }
 

@@ -99,7 +99,7 @@ inline void amx_score_tile(index_t d4, const std::int8_t* q8, const std::int8_t*
 // `amx` asks for it and the CPU and OS grant it, else VNNI), or nullptr for
 // the float product on the int8 values.
 template <class A>
-score_tile_fn int8_score_tile(bool amx) noexcept {
+score_tile_fn int8_score_tile([[maybe_unused]] bool amx) noexcept {
   if constexpr (std::is_same_v<A, float>) {
 #if DIFFTX_AMX
     if (amx && amx_runs(amx_product::u8s8)) return amx_score_tile;
@@ -108,7 +108,6 @@ score_tile_fn int8_score_tile(bool amx) noexcept {
     if (int8_dot_kernel() == int8_kernel::avx512_vnni) return vnni_score_tile;
 #endif
   }
-  (void)amx;
   return nullptr;
 }
 
