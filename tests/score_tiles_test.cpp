@@ -3,10 +3,13 @@
 // definitions on small cases worked by hand; the int8 score tile on it against
 // the exact sums' bits; the bfloat16 score tiles (AMX's on the model,
 // vdpbf16ps's on a scalar model) against the float product; and the
-// instructions themselves where this CPU and OS run them.
+// instructions themselves where this CPU and OS run them; and the bfloat16
+// backward's S and dP on those tiles against its float products.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -209,4 +212,104 @@ TEST_CASE("score tiles: bfloat16 attention's on tdpbf16ps and vdpbf16ps match th
   CHECK_FALSE(policy::simd{}.amx_tiles);
   const bool none_unasked = simd_detail::bf16_score_tile(false, false) == nullptr;
   CHECK(none_unasked);
+}
+
+namespace {
+
+// The bfloat16 backward's results: dq, dk, dv and dλ.
+struct bf16_gradients {
+  Tensor<Eigen::bfloat16, 5> dq, dk;
+  Tensor<Eigen::bfloat16, 4> dv;
+  float dlambda;
+};
+
+// The bfloat16 backward with S and dP on a score kernel (nullptr: the float
+// products) for q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv] on
+// `threads` threads, after a float-product forward (the same o and lse for
+// either kernel).
+template <int Maps>
+bf16_gradients bf16_backward(index_t N, index_t d, index_t dv, bool causal, int threads,
+                             simd_detail::bf16_score_tile_fn kernel) {
+  const index_t B = 2, H = 4, G = 2;
+  const auto q = test_support::random_tensor<Eigen::bfloat16, 5>({B, N, H, Maps, d}, 31);
+  const auto k = test_support::random_tensor<Eigen::bfloat16, 5>({B, N, G, Maps, d}, 32);
+  const auto v = test_support::random_tensor<Eigen::bfloat16, 4>({B, N, G, dv}, 33);
+  const auto d_o = test_support::random_tensor<Eigen::bfloat16, 4>({B, N, H, dv}, 34);
+  Tensor<float, 1> lambda(Maps == 2 ? shape_t<1>{1} : shape_t<1>{});
+  if (Maps == 2) lambda(0) = 0.375f;
+  Tensor<Eigen::bfloat16, 4> o({B, N, H, dv}), o2(Maps == 2 ? shape_t<4>{B, N, H, dv} : shape_t<4>{});
+  Tensor<float, 4> lse({B, H, Maps, N});
+  const policy::simd p{threads};
+  simd_detail::fused_attention_forward<Maps, Eigen::bfloat16>(
+      p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), causal, o.view(), o2.view(), lse.view(),
+      logits_unquantized, inference_dtype::same, simd_detail::score_kernels{});
+  bf16_gradients g{Tensor<Eigen::bfloat16, 5>(q.shape()), Tensor<Eigen::bfloat16, 5>(k.shape()),
+                   Tensor<Eigen::bfloat16, 4>(v.shape()), 0.0f};
+  g.dlambda = simd_detail::fused_attention_backward<Maps, Eigen::bfloat16>(
+      p, q.const_view(), k.const_view(), v.const_view(), Maps == 2 ? lambda(0) : 0.0f, causal, o.const_view(),
+      o2.const_view(), lse.const_view(), d_o.const_view(), g.dq.view(), g.dk.view(), g.dv.view(), kernel);
+  return g;
+}
+
+// Elements of a (bfloat16) farther from b than one bfloat16 step at their
+// magnitude plus `bar` times b's largest magnitude, or 1 if that is smaller:
+// with one key (N = 1) P = 1, so dP - D = dO·V - dO·O cancels, and dq and dk
+// are zero in exact arithmetic and rounding noise in float, while their terms
+// are O(1) (unit normal inputs).
+template <class Tensor_>
+index_t beyond_one_step(const Tensor_& a, const Tensor_& b, double bar) {
+  const double scale = std::max(1.0, testing::max_abs(b.data(), b.size()));
+  index_t count = 0;
+  for (index_t e = 0; e < a.size(); ++e) {
+    const double x = double(a.data()[e]), y = double(b.data()[e]);
+    const double step = std::ldexp(1.0, std::ilogb(std::max(std::abs(x), std::abs(y))) - 7);  // 8 bits of significand
+    if (std::abs(x - y) > step + bar * scale) ++count;
+  }
+  return count;
+}
+
+template <int Maps>
+void check_bf16_backward(const std::string& name, simd_detail::bf16_score_tile_fn kernel) {
+  // As check_bf16_scores, with dv = d and 2d (7: an odd width, a zero pair
+  // lane); 2 threads take whole (batch row, group) pairs, 3 share each pair's
+  // key blocks.
+  for (auto [N, causal, d] : {std::tuple<index_t, bool, index_t>{1, true, 64}, {70, true, 64}, {70, false, 40},
+                              {150, true, 6}, {9, false, 7}})
+    for (index_t dv : {d, 2 * d})
+      for (int threads : {2, 3}) {
+        INFO(name << ", Maps = " << Maps << ", N = " << N << ", " << std::string(causal ? "causal" : "non-causal")
+                  << ", d = " << d << ", dv = " << dv << ", " << threads << " threads");
+        const auto pairs = bf16_backward<Maps>(N, d, dv, causal, threads, kernel);
+        const auto floats = bf16_backward<Maps>(N, d, dv, causal, threads, nullptr);
+        // S and dP differ from the float products only in the order of float
+        // sums (each bfloat16 product is exact in float), so the float
+        // gradients differ within float's backward bar, and rounding them to
+        // bfloat16 to store them may flip a last bit: one bfloat16 step.
+        constexpr double bar = testing::tolerance<float>::backward;
+        CHECK(beyond_one_step(pairs.dq, floats.dq, bar) == 0);
+        CHECK(beyond_one_step(pairs.dk, floats.dk, bar) == 0);
+        CHECK(beyond_one_step(pairs.dv, floats.dv, bar) == 0);
+        // dλ = -Σ rowsum(dO ⊙ O₂) reads neither product; only the order in
+        // which the threads' partial sums meet may differ.
+        CHECK(std::abs(pairs.dlambda - floats.dlambda) <= bar * std::abs(floats.dlambda));
+      }
+}
+
+}  // namespace
+
+TEST_CASE("score tiles: bfloat16 attention's backward on tdpbf16ps and vdpbf16ps matches the float products'") {
+  std::vector<std::pair<std::string, simd_detail::bf16_score_tile_fn>> kernels{
+      {"modelled tdpbf16ps", test_support::modelled_amx_bf16_score_tile}, {"modelled vdpbf16ps", modelled_pairs_score_tile}};
+  if (const auto kernel = simd_detail::bf16_score_tile(true, false))
+    kernels.emplace_back("tdpbf16ps", kernel);
+  else
+    MESSAGE("this CPU or OS runs no AMX-BF16: the backward's tiles ran on the tile model only");
+  if (const auto kernel = simd_detail::bf16_score_tile(false, true))
+    kernels.emplace_back("vdpbf16ps", kernel);
+  else
+    MESSAGE("this CPU has no AVX512_BF16: the backward's vdpbf16ps tiles ran on the model only");
+  for (const auto& [name, kernel] : kernels) {
+    check_bf16_backward<1>(name, kernel);
+    check_bf16_backward<2>(name, kernel);
+  }
 }

@@ -13,6 +13,8 @@
 //   attention_bf16.hpp             the forward's loop with bfloat16 score
 //                                  tiles (vdpbf16ps, AMX-BF16)
 //   attention_backward.hpp         the backward, phase by phase
+//   attention_bf16_backward.hpp    its S and dP on bfloat16 pairs (vdpbf16ps,
+//                                  AMX-BF16)
 #pragma once
 
 #include "difftx/ops/attention.hpp"
@@ -98,7 +100,8 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
                                          dlambda);
   const A lam = Maps == 2 ? lambda(0) : A(0);
   const A dlambda_total =
-      simd_detail::fused_attention_backward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse, d_o, dq, dk, dv);
+      simd_detail::fused_attention_backward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse, d_o, dq, dk, dv,
+                                                     simd_detail::score_kernels_for<A>(p).bf16);
   if constexpr (Maps == 2) dlambda(0) = dlambda_total;
 }
 

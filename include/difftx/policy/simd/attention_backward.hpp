@@ -10,13 +10,16 @@
 // pairs keep every thread busy (a multiple of the thread count, or at least 4
 // per thread), each thread takes whole pairs and owns their dQ; else the
 // threads share a pair's key blocks, each with a dQ accumulator, summed at the
-// end.
+// end. In bfloat16, S_m and dP may run on bfloat16 pairs
+// (attention_bf16_backward.hpp); the other products are float.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "difftx/policy/simd/attention_bf16_backward.hpp"
 #include "difftx/policy/simd/attention_tiles.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/tile.hpp"
@@ -29,6 +32,7 @@ struct packed_pair {
   packed_keys<A> keys;
   aligned_vector<A> q;    // [r][Maps][n_pad][d], scaled by 1/sqrt(d)
   aligned_vector<A> d_o;  // [r][n_pad][dv]
+  bf16_backward_pairs pairs;  // S_m's and dP's bfloat16 operands, where they run on pairs (else empty)
 };
 
 // A thread's tiles for the backward of one key block.
@@ -81,16 +85,20 @@ struct attention_backward_pass {
   A scale, lam;
   A coeff[2];                   // the weight of each map in O: 1, -λ
   std::vector<A> rowsum_do_o;   // D_m [B][H][Maps][N]
+  // S_m and dP on bfloat16 pairs where set (T = bfloat16 only), else float products.
+  static constexpr bool bf16_inputs = std::is_same_v<T, Eigen::bfloat16>;
+  bf16_score_tile_fn pair_tile;
 
   attention_backward_pass(cview<T, 5> queries, cview<T, 5> keys, cview<T, 4> values, A lambda, bool is_causal,
                           cview<T, 4> out, cview<T, 4> out2, cview<A, 4> log_sum_exp, cview<T, 4> out_grad,
-                          TensorView<T, 5> dq_out, TensorView<T, 5> dk_out, TensorView<T, 4> dv_out)
+                          TensorView<T, 5> dq_out, TensorView<T, 5> dk_out, TensorView<T, 4> dv_out,
+                          bf16_score_tile_fn pair_kernel)
       : q(queries), k(keys), v(values), causal(is_causal), o(out), o2(out2), lse(log_sum_exp), d_o(out_grad),
         dq(dq_out), dk(dk_out), dv(dv_out),
         B(q.extent(0)), N(q.extent(1)), H(q.extent(2)), G(k.extent(2)), d(q.extent(4)), r(H / G),
         dv_size(v.extent(3)), n_pad(round_up(N, Bs)), blocks(n_pad / Bs), pairs(B * G),
         scale(A(1) / std::sqrt(static_cast<A>(d))), lam(lambda), coeff{A(1), -lambda},
-        rowsum_do_o(static_cast<std::size_t>(B * H * Maps * N)) {}
+        rowsum_do_o(static_cast<std::size_t>(B * H * Maps * N)), pair_tile(bf16_inputs ? pair_kernel : nullptr) {}
 
   std::size_t dq_size() const { return static_cast<std::size_t>(r * Maps * n_pad * d); }
   A rowsum(index_t b, index_t h, index_t m, index_t i) const {
@@ -127,6 +135,7 @@ struct attention_backward_pass {
     packed.keys.reset(N, Maps, d, dv_size, true);
     packed.q.resize(static_cast<std::size_t>(r * Maps * n_pad * d));  // scaled by 1/sqrt(d)
     packed.d_o.resize(static_cast<std::size_t>(r * n_pad * dv_size));
+    if (pair_tile) packed.pairs.reset(N, Maps, r, d, dv_size);
   }
 
   // Block kb of the pair's keys, queries (scaled) and output gradients into packed (zero past N).
@@ -142,6 +151,31 @@ struct attention_backward_pass {
       pack_block_rows(d_o.data() + ((b * N + t0) * H + h) * dv_size, H * dv_size, rows, dv_size,
                       packed.d_o.data() + (hl * n_pad + t0) * dv_size);
     }
+    if constexpr (bf16_inputs)
+      if (pair_tile) packed.pairs.pack_block(q, d_o, packed.keys, b, j, kb);
+  }
+
+  // S_m of query block i0 of head hl against key block kb, scaled by
+  // 1/sqrt(d), into s [Bs][Bs].
+  void scores(const packed_pair<A>& packed, index_t hl, index_t m, index_t i0, index_t kb, A* s) const {
+    if constexpr (bf16_inputs)
+      if (pair_tile) {
+        packed.pairs.scores(pair_tile, hl, m, i0, kb, scale, s);
+        return;
+      }
+    score_tile(packed.q.data() + ((hl * Maps + m) * n_pad + i0) * d, packed.keys, kb, m, d, s);
+  }
+
+  // dP = dO·Vᵀ of the same tiles into tiles.dp.
+  void output_gradient_products(const packed_pair<A>& packed, index_t hl, index_t i0, index_t kb,
+                                backward_tiles<A>& tiles) const {
+    if constexpr (bf16_inputs)
+      if (pair_tile) {
+        packed.pairs.output_gradient_products(pair_tile, hl, i0, kb, tiles.dp.data());
+        return;
+      }
+    tile_product<a_layout::rows>(Bs, Bs, dv_size, packed.d_o.data() + (hl * n_pad + i0) * dv_size, dv_size,
+                                 packed.keys.vt_tile(kb, dv_size), Bs, tiles.dp.data(), Bs, false);
   }
 
   // P_m = exp(S_m - lse_m) [Bs][Bs] per map, masked, for query block i0 of
@@ -152,7 +186,7 @@ struct attention_backward_pass {
     A* p_maps = tiles.probabilities.data();
     for (index_t m = 0; m < Maps; ++m) {
       A* pm = p_maps + m * Bs * Bs;
-      score_tile(packed.q.data() + ((hl * Maps + m) * n_pad + i0) * d, packed.keys, kb, m, d, pm);
+      scores(packed, hl, m, i0, kb, pm);
       for (index_t i = 0; i < Bs; ++i) {
         const index_t visible = visible_keys(i0 + i, kb * Bs, N, causal);
         const A row_lse = visible > 0 ? lse(b, h, m, i0 + i) : A(0);
@@ -187,8 +221,7 @@ struct attention_backward_pass {
     const A* weight = recompute_probabilities(packed, b, h, hl, i0, kb, tiles);
     // dV += weightᵀ dO;  dP = dO Vᵀ
     tile_product<a_layout::transposed>(Bs, dv_size, Bs, weight, Bs, do_tile, dv_size, tiles.dv.data(), dv_size, true);
-    tile_product<a_layout::rows>(Bs, Bs, dv_size, do_tile, dv_size, packed.keys.vt_tile(kb, dv_size), Bs,
-                                 tiles.dp.data(), Bs, false);
+    output_gradient_products(packed, hl, i0, kb, tiles);
     for (index_t m = 0; m < Maps; ++m) {
       score_gradients(b, h, m, i0, tiles);
       // dQ_m += dS_m K_m (scaled by 1/sqrt(d) when stored); dK_m += dS_mᵀ (Q_m / sqrt(d))
@@ -285,14 +318,15 @@ struct attention_backward_pass {
 };
 
 // do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,N,G,Maps,d], dv [B,N,G,dv]
-// (assigned); returns dλ (Maps = 2).
+// (assigned); returns dλ (Maps = 2). T = bfloat16: S_m and dP on pair_kernel's
+// bfloat16 tiles where set (bf16_score_tile; the tests pass models), else float.
 template <int Maps, class T>
 accum_t<T> fused_attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
                                     accum_t<T> lam, bool causal, cview<T, 4> o, cview<T, 4> o2,
                                     cview<accum_t<T>, 4> lse, cview<T, 4> d_o, TensorView<T, 5> dq,
-                                    TensorView<T, 5> dk, TensorView<T, 4> dv) {
+                                    TensorView<T, 5> dk, TensorView<T, 4> dv, bf16_score_tile_fn pair_kernel) {
   const int threads = thread_count(p);
-  attention_backward_pass<Maps, T> pass(q, k, v, lam, causal, o, o2, lse, d_o, dq, dk, dv);
+  attention_backward_pass<Maps, T> pass(q, k, v, lam, causal, o, o2, lse, d_o, dq, dk, dv, pair_kernel);
   const accum_t<T> dlambda = pass.output_rowsums(threads);
   if (pass.pairs % threads == 0 || pass.pairs >= 4 * threads)
     pass.whole_pairs_per_thread(threads);

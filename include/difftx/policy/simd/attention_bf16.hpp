@@ -5,13 +5,12 @@
 // tile differs from the float one only in the order of its float sums (and in
 // flushing denormals); P·V stays in float.
 //
-// Layouts (d2 = ceil(d/2) pairs of depth, zero past d):
+// Layouts (d2 = ceil(d/2) pairs of depth, zero past d), packed by
+// pack_pair_rows and pack_pair_columns, which the backward's products
+// (attention_bf16_backward.hpp) use too:
 //   keys: per pair, key block and map, [d2][64 keys][2], from the packed
 //         float tile kt (its values are bfloat16 values, so exact);
-//   queries: the item's tile [64][2·d2] of each map, unscaled: the float tile
-//         holds q/sqrt(d) rounded, and dividing by the same scale and rounding
-//         to bfloat16 gives q back exactly (the float errors are far below
-//         half a bfloat16 step).
+//   queries: the item's tile [64][2·d2] of each map, unscaled, from the input.
 // Two kernels on them:
 //  - vdpbf16ps (AVX512_BF16, pairs_score_tile): a broadcast pair of a query
 //    row against 16 keys' pairs an instruction, 4 rows x 64 keys of
@@ -22,6 +21,7 @@
 // The tests run both on every CPU through scalar models.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -76,6 +76,26 @@ inline void amx_bf16_score_tile(index_t d2, const Eigen::bfloat16* q2, const Eig
 }
 #endif
 
+// Rows of bfloat16 values (`rows` of them, `stride` apart from first, `width`
+// each) as a bf16_score_tile_fn's left operand [Bs][2·ceil(width/2)]: as they
+// lie, a zero after an odd width, zero rows past the last.
+inline void pack_pair_rows(const Eigen::bfloat16* first, index_t stride, index_t rows, index_t width,
+                           Eigen::bfloat16* out) {
+  const index_t padded = round_up(width, 2);
+  std::fill(out, out + attention_block * padded, Eigen::bfloat16(0.0f));
+  for (index_t i = 0; i < rows; ++i) std::copy_n(first + i * stride, width, out + i * padded);
+}
+
+// A transposed float tile [width][Bs] holding bfloat16 values (packed keys or
+// values) as a bf16_score_tile_fn's right operand [ceil(width/2)][Bs][2], zero
+// past width; the values convert exactly.
+inline void pack_pair_columns(const float* tile, index_t width, Eigen::bfloat16* out) {
+  constexpr index_t Bs = attention_block;
+  for (index_t c = 0; c < round_up(width, 2); ++c)
+    for (index_t t = 0; t < Bs; ++t)
+      out[(c / 2 * Bs + t) * 2 + c % 2] = Eigen::bfloat16(c < width ? tile[c * Bs + t] : 0.0f);
+}
+
 // The bfloat16 score tile this process runs: AMX's where `amx` asks for it
 // and the CPU and OS grant it, else vdpbf16ps's where bfloat16 products take
 // the instruction (`dot_instructions`: bf16_product_used() says so only where
@@ -95,14 +115,15 @@ inline bf16_score_tile_fn bf16_score_tile([[maybe_unused]] bool amx, [[maybe_unu
 template <int Maps>
 struct bf16_tile_scores {
   static constexpr index_t Bs = attention_block;
+  cview<Eigen::bfloat16, 5> q;
   index_t d, d2;
   float scale;
   bf16_score_tile_fn kernel;
   std::vector<aligned_vector<Eigen::bfloat16>> keys2;  // per pair: [blocks][Maps][d2][Bs][2]
 
-  bf16_tile_scores(const forward_shape& shape, bf16_score_tile_fn tile_kernel)
-      : d(shape.d), d2((shape.d + 1) / 2), scale(1.0f / std::sqrt(static_cast<float>(shape.d))), kernel(tile_kernel),
-        keys2(static_cast<std::size_t>(shape.pairs)) {
+  bf16_tile_scores(cview<Eigen::bfloat16, 5> queries, const forward_shape& shape, bf16_score_tile_fn tile_kernel)
+      : q(queries), d(shape.d), d2((shape.d + 1) / 2), scale(1.0f / std::sqrt(static_cast<float>(shape.d))),
+        kernel(tile_kernel), keys2(static_cast<std::size_t>(shape.pairs)) {
     for (auto& pair_keys : keys2) pair_keys.resize(static_cast<std::size_t>(round_up(shape.N, Bs) * Maps * 2 * d2));
   }
   const Eigen::bfloat16* key_tile(index_t pair, index_t kb, index_t m) const {
@@ -111,13 +132,8 @@ struct bf16_tile_scores {
 
   // Key block kb of a pair, from its float tiles kt [d][Bs], into pairs of depth.
   void key_block_packed(index_t pair, index_t kb, packed_keys<float>& keys) {
-    for (index_t m = 0; m < Maps; ++m) {
-      const float* kt = keys.kt_tile(kb, m, d);
-      Eigen::bfloat16* out = keys2[static_cast<std::size_t>(pair)].data() + (kb * Maps + m) * 2 * d2 * Bs;
-      for (index_t c = 0; c < 2 * d2; ++c)
-        for (index_t t = 0; t < Bs; ++t)
-          out[(c / 2 * Bs + t) * 2 + c % 2] = Eigen::bfloat16(c < d ? kt[c * Bs + t] : 0.0f);
-    }
+    for (index_t m = 0; m < Maps; ++m)
+      pack_pair_columns(keys.kt_tile(kb, m, d), d, keys2[static_cast<std::size_t>(pair)].data() + (kb * Maps + m) * 2 * d2 * Bs);
   }
 
   struct worker {
@@ -126,15 +142,11 @@ struct bf16_tile_scores {
 
     explicit worker(const bf16_tile_scores& s) : source(s), q2(static_cast<std::size_t>(Maps * Bs * 2 * s.d2)) {}
 
-    void start_item(const packed_keys<float>&, const forward_item&, forward_tiles<float>& tiles) {
-      const index_t d = source.d, width = 2 * source.d2;
-      for (index_t m = 0; m < Maps; ++m) {
-        const float* scaled = tiles.q_of(m);
-        for (index_t i = 0; i < Bs; ++i)
-          for (index_t c = 0; c < width; ++c)
-            q2[static_cast<std::size_t>((m * Bs + i) * width + c)] =
-                Eigen::bfloat16(c < d ? scaled[i * d + c] / source.scale : 0.0f);
-      }
+    void start_item(const packed_keys<float>&, const forward_item& item, forward_tiles<float>&) {
+      const index_t H = source.q.extent(2), d = source.d;
+      for (index_t m = 0; m < Maps; ++m)
+        pack_pair_rows(source.q.data() + (((item.b * item.N + item.i0) * H + item.h) * Maps + m) * d, H * Maps * d,
+                       item.rows, d, q2.data() + m * Bs * 2 * source.d2);
     }
     void tile(const packed_keys<float>&, const forward_item& item, index_t kb, index_t m, forward_tiles<float>& tiles) {
       source.kernel(source.d2, q2.data() + m * Bs * 2 * source.d2, source.key_tile(item.pair, kb, m), source.scale,
@@ -150,7 +162,7 @@ void bf16_tile_attention_forward(const policy::simd& p, cview<Eigen::bfloat16, 5
                                  cview<Eigen::bfloat16, 4> v, float lam, bool causal,
                                  TensorView<Eigen::bfloat16, 4> o, TensorView<Eigen::bfloat16, 4> o2,
                                  TensorView<float, 4> lse, bf16_score_tile_fn kernel) {
-  bf16_tile_scores<Maps> scores(forward_shape(q, k, v, causal), kernel);
+  bf16_tile_scores<Maps> scores(q, forward_shape(q, k, v, causal), kernel);
   flash_attention_forward<Maps, Eigen::bfloat16>(p, q, k, v, lam, causal, o, o2, lse, scores);
 }
 
