@@ -5,8 +5,8 @@
 // bf16_score_tile_fn (vdpbf16ps or AMX) on the inputs' own bfloat16 values.
 // A product of two bfloat16 values is exact in float, so they differ from the
 // float products only in the order of their float sums. dV, dQ and dK stay
-// float products: their left operands P and dS are float, and rounding those
-// to bfloat16 is what cost accuracy_test's bar in the forward's P·V.
+// float products: their left operands P and dS are float (P rounded to
+// bfloat16 failed accuracy_test in the forward's P·V; dS is a difference).
 //
 // One (batch row, group) pair's operands, in pairs of depth (zero past the
 // width; d2 = ceil(d/2), dv2 = ceil(dv/2)), packed once a key block:
