@@ -288,6 +288,21 @@ TEST_CASE("cli models: bench --model times the real model's prefill and decode a
   expect_usage_error("bench --model " + q(hf_data / "gqa") + " --backward", {"--backward", "--model"});
 }
 
+TEST_CASE("cli models: bench --model --packed-weights packs the layers' weights for oneDNN, and says so") {
+  for (const std::string weights : {"", " --weights-dtype int8"}) {
+    INFO(weights);
+    const auto r = difftx_cli("bench --model " + q(hf_data / "gqa") +
+                              " --seq 6 --new-tokens 2 --repeats 1 --policy simd --packed-weights --json" + weights);
+    INFO("stderr: " << r.err);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j.at("packed_weights") == true);
+    CHECK(j.at("prefill_ms").get<double>() > 0);
+  }
+  expect_usage_error("bench --module multihead --batch 1 --seq 4 --d-model 16 --heads 2 --packed-weights",
+                     {"--packed-weights", "--model"});
+}
+
 TEST_CASE("cli models: generate and bench --model take int8 weights and an int8 KV cache, and say so") {
   const hf_expected e("plain");
   const std::string generate = "generate --model " + q(hf_data / "plain") + " --prompt " + e.joined(e.prompt) +

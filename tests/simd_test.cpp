@@ -148,6 +148,66 @@ TEST_CASE("simd: linear on oneDNN's matmul and on difftx's own products") {
 #endif
 }
 
+// Packed weights (Linear::add_packed_weights): oneDNN reads W in its own
+// layout, made once. int8 sums are exact either way, so int8 weights give the
+// plain product's bits; float and bfloat16 land within their forward bar of
+// the plain product (checked against the reference above). N = 4166 makes
+// int8's two blocks of packed columns (int8_packed_columns), M = 1100 its two
+// chunks of rows, M = 5 the fewest rows oneDNN takes when forced. A packed
+// Linear refuses a backward; with matmuls = difftx nothing is packed.
+template <class T>
+void check_packed_linear(bool int8) {
+  using library = policy::simd::matmul_library;
+  constexpr index_t K = 96, N = 4166;
+  policy::simd p{2};
+  p.matmuls = library::onednn;
+  Linear<T, policy::simd> packed(K, N, p), plain(K, N, p);
+  random_stream a(7), b(7);
+  packed.reset_parameters(a);
+  plain.reset_parameters(b);
+  if (int8) {
+    plain.quantize_weights();
+    packed.quantize_weights();
+  }
+  packed.add_packed_weights();
+  INFO(scalar_traits<T>::name << (int8 ? std::string(" int8 weights") : std::string()) << ", packed bytes "
+                              << packed.packed_bytes());
+#if defined(DIFFTX_ONEDNN)
+  // oneDNN's brgemm kernels read B blocked (int8: u8·s8 brgemm wherever its sums are exact).
+  if (int8 ? simd_detail::onednn_int8_exact() : p.matmul_kernel<T>().find("brg") != std::string::npos)
+    CHECK(packed.packed_bytes() >= static_cast<std::size_t>(N * (int8 ? 128 : K * sizeof(T))));
+#else
+  CHECK(packed.packed_bytes() == 0);
+#endif
+  for (index_t M : {5, 70, 1100}) {
+    const auto x = test_support::random_tensor<T, 3>({1, M, K}, 8);
+    Tensor<T, 3> y({1, M, N}), y_plain({1, M, N});
+    typename Linear<T, policy::simd>::saved_type s, s_plain;
+    packed.forward(x, y.view(), s);
+    plain.forward(x, y_plain.view(), s_plain);
+    INFO("M=" << M);
+    if (int8)
+      CHECK(testing::normwise_difference(y.data(), y_plain.data(), y.size()) == 0.0);
+    else
+      CHECK(testing::normwise_difference(y.data(), y_plain.data(), y.size()) <= testing::tolerance<T>::forward);
+  }
+  if (!int8 && packed.packed_bytes() > 0)  // int8 weights are refused as such first
+    test_support::expect_input_error([&] { packed.require_trainable("Linear::backward"); }, "Linear::backward",
+                                     "weights", "W alone", "W and its packed copy");
+  policy::simd own{2};
+  own.matmuls = library::difftx;
+  Linear<T, policy::simd> unpacked(K, N, own);
+  unpacked.add_packed_weights();
+  CHECK(unpacked.packed_bytes() == 0);
+}
+
+TEST_CASE("simd: packed weights for oneDNN give W's products") {
+  for (bool int8 : {false, true}) {
+    check_packed_linear<float>(int8);
+    check_packed_linear<Eigen::bfloat16>(int8);
+  }
+}
+
 // Decoding panels (ops/decoding_panels.hpp): the reference reads them in
 // linear_forward's order (the same bits as from w), simd sums each chunk of
 // panels into a partial y and adds those in chunk order (the same bits for

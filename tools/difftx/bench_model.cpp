@@ -74,6 +74,7 @@ void bench_model(const model_bench_options& o) {
   spec.bf16_product = o.bf16_product;
   spec.matmuls = o.matmuls;
   spec.amx_tiles = o.amx_tiles;
+  spec.packed_weights = o.packed_weights;
   spec.weights = storage_of(o.weights_dtype);
   spec.kv_cache = storage_of(o.kv_dtype);
   spec.decodes = true;
@@ -144,7 +145,7 @@ void bench_model(const model_bench_options& o) {
                                          {"head_dim", a.head_dim}, {"ffn_dim", spec.first().ffn_dim},
                                          {"policy", row.policy}, {"policy_detail", row.description},
                                          {"dtype", o.dtype}, {"weights_dtype", o.weights_dtype},
-                                         {"kv_dtype", o.kv_dtype}, {"threads", row.threads}, {"repeats", o.repeats},
+                                         {"kv_dtype", o.kv_dtype}, {"packed_weights", o.packed_weights}, {"threads", row.threads}, {"repeats", o.repeats},
                                          {"prompt_tokens", o.prompt_tokens}, {"new_tokens", o.new_tokens},
                                          {"prefill_ms", row.prefill_ms}, {"prefill_flops", prefill_flops},
                                          {"prefill_GFLOPs", prefill_flops / row.prefill_ms / 1e6},
@@ -162,9 +163,10 @@ void bench_model(const model_bench_options& o) {
     return;
   }
   std::printf("difftx bench --model: %s (%s), %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td, %s "
-              "(weights %s, KV cache %s); prompt of %td tokens, then %td decode steps; median of %d runs after a warm-up\n",
+              "(weights %s%s, KV cache %s); prompt of %td tokens, then %td decode steps; median of %d runs after a warm-up\n",
               o.model.c_str(), source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads,
-              a.kv_heads, a.head_dim, spec.first().ffn_dim, o.dtype.c_str(), o.weights_dtype.c_str(), o.kv_dtype.c_str(),
+              a.kv_heads, a.head_dim, spec.first().ffn_dim, o.dtype.c_str(), o.weights_dtype.c_str(),
+              o.packed_weights ? ", the layers' packed for oneDNN" : "", o.kv_dtype.c_str(),
               o.prompt_tokens, o.new_tokens, o.repeats);
   std::printf("%-34s %7s %12s %16s %15s %15s %16s %10s %9s %10s\n", "policy", "threads", "prefill ms",
               "prefill tokens/s", "prefill GFLOP/s", "decode ms/token", "decode tokens/s", "read GB/s", "of bound",

@@ -36,6 +36,7 @@ struct bench_options {
   std::string bf16_product = "automatic";  // module_spec::bf16_product
   std::string matmuls = "automatic";       // module_spec::matmuls
   bool amx = false;                        // module_spec::amx_tiles
+  bool packed_weights = false;             // --model: language_model_spec::packed_weights
   std::string cuda_attention = module_spec{}.cuda_attention;
   std::string model;  // --model: a language model's prefill and decode instead
   index_t new_tokens = 32;
@@ -269,6 +270,10 @@ void add_bench_command(CLI::App& app) {
                          ->capture_default_str();
   model->excludes(module)->excludes(batch)->excludes(d_model);
   new_tokens->needs(model);
+  cmd->add_flag("--packed-weights", o->packed_weights,
+                "--model, simd: the layers' weights also in oneDNN's packed layout, which a prompt's products then "
+                "read (a second copy of them; nothing where oneDNN does not take the products)")
+      ->needs(model);
   auto* heads = cmd->add_option("--heads", o->heads,
                   "heads h (attention: H; V2: h output heads, 2h query heads); needed except for rmsnorm and swiglu")
       ->check(count_in(1));
@@ -320,7 +325,7 @@ void add_bench_command(CLI::App& app) {
         throw CLI::ValidationError(storage->get_name(), "applies to --decode or --model (the decode of a cache)");
     if (!o->model.empty())
       return bench_model({.model = o->model, .dtype = o->dtype, .policies = o->policies, .bf16_product = o->bf16_product,
-                          .matmuls = o->matmuls, .amx_tiles = o->amx,
+                          .matmuls = o->matmuls, .amx_tiles = o->amx, .packed_weights = o->packed_weights,
                           .weights_dtype = o->weights_dtype, .kv_dtype = o->kv_dtype,
                           .flags = {.heads = heads->count() ? o->heads : 0, .kv_heads = kv_heads->count() ? o->kv_heads : 0,
                                     .threads = o->threads},

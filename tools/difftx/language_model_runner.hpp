@@ -45,6 +45,9 @@ struct language_model_spec {
   // panels (modules/linear.hpp), which a forward over whole prompts (run)
   // would never read and would hold as a second copy.
   bool decodes = false;
+  // simd with oneDNN: the layers' weights also in oneDNN's packed layout
+  // (LanguageModel::add_packed_weights), a second copy read by a prompt's products.
+  bool packed_weights = false;
 
   const DecoderLayerConfig& first() const { return layers.front(); }
 };

@@ -29,7 +29,8 @@ class model_runner final : public language_model_runner {
 
  public:
   model_runner(Model model, const language_model_spec& spec)
-      : model_(std::move(model)), weights_(spec.weights), kv_cache_(spec.kv_cache), decodes_(spec.decodes) {}
+      : model_(std::move(model)), weights_(spec.weights), kv_cache_(spec.kv_cache), decodes_(spec.decodes),
+        packed_weights_(spec.packed_weights) {}
 
   void load(const io::diffllama_checkpoint& checkpoint) override { load_from(checkpoint); }
   void load(const io::mapped_safetensors& file) override { load_from(file); }
@@ -117,6 +118,7 @@ class model_runner final : public language_model_runner {
       quantize(model_);
     else if (decodes_)
       model_.add_decoding_panels();
+    if (packed_weights_) model_.add_packed_weights();
   }
 
   // The largest logit of the last step (the first of equal ones; logits_ holds one position).
@@ -130,7 +132,7 @@ class model_runner final : public language_model_runner {
 
   Model model_;
   inference_dtype weights_, kv_cache_;
-  bool decodes_;
+  bool decodes_, packed_weights_;
   typename Model::cache_type cache_;
   Tensor<T, 3> logits_;  // [B, tokens of the last call, V], in the model's memory
   mutable token_sampler greedy_{sampling_options{}};

@@ -61,6 +61,7 @@ struct model_bench_options {
   std::string bf16_product = "automatic";  // simd, bfloat16: module_spec::bf16_product
   std::string matmuls = "automatic";       // simd: module_spec::matmuls
   bool amx_tiles = false;                  // simd: module_spec::amx_tiles
+  bool packed_weights = false;             // simd: language_model_spec::packed_weights
   std::string weights_dtype = "same", kv_dtype = "same";  // language_model_spec's weights and kv_cache, by name
   model_flags flags;
   index_t prompt_tokens = 128, new_tokens = 32;

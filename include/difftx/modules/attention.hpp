@@ -93,6 +93,10 @@ class Attention {
     heads_.add_decoding_panels();
     out_proj_.add_decoding_panels();
   }
+  void add_packed_weights() {
+    heads_.add_packed_weights();
+    out_proj_.add_packed_weights();
+  }
 
   // Inference with a KV cache (modules/kv_cache.hpp): as MultiHead's.
   using cache_type = KVCache<T>;

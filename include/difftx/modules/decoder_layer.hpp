@@ -190,6 +190,11 @@ class BasicDecoderLayer {
     attn_.add_decoding_panels();
     ffn_.add_decoding_panels();
   }
+  // Every projection's weights also packed (modules/linear.hpp).
+  void add_packed_weights() {
+    attn_.add_packed_weights();
+    ffn_.add_packed_weights();
+  }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
     std::vector<parameter_ref<T>> all;

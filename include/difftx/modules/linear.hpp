@@ -16,6 +16,14 @@
 // int8, W stays what parameters() and files see (and what a prompt
 // multiplies), a new value there needs add_decoding_panels() again, and
 // backward refuses.
+// add_packed_weights() (inference; policy::simd with oneDNN): W (or its int8
+// rows) also in the layout oneDNN's matmul reads, for the products of more
+// rows than decoding's that it takes (a prompt). Without it oneDNN copies W
+// into that layout on every such product, which costs most where the product
+// has few rows (docs/design.md, "oneDNN's matmul", has the figures). It
+// costs W's bytes once more; as with
+// the panels, a new value in W needs add_packed_weights() again, and backward
+// refuses.
 #pragma once
 
 #include <algorithm>
@@ -65,6 +73,18 @@ std::shared_ptr<const int8_rows<accum_t<T>>> int8_weights(std::string_view where
   return nullptr;
 }
 
+// The type of a policy's packed weights (policy::simd::packed_weights), void
+// for a policy without them.
+template <class Policy>
+struct packed_weights_of {
+  using type = void;
+};
+template <class Policy>
+  requires requires { typename Policy::packed_weights; }
+struct packed_weights_of<Policy> {
+  using type = typename Policy::packed_weights;
+};
+
 }  // namespace detail
 
 template <Scalar T, class Policy = policy::reference>
@@ -93,10 +113,16 @@ class Linear {
     require_shape(where, "y", y, output_shape(x.shape()));
     [&] {
       if constexpr (low_bit_policy<Policy>)
-        if (int8_) return linear_forward(policy_, flatten_rows(x), *int8_, flatten_rows(y));
+        if (int8_) {
+          if constexpr (packs_int8)
+            if (packed_) return linear_forward(policy_, flatten_rows(x), *int8_, *packed_, flatten_rows(y));
+          return linear_forward(policy_, flatten_rows(x), *int8_, flatten_rows(y));
+        }
       if constexpr (panelled)
         if (panels_ && x.extent(0) * x.extent(1) <= decoding_panels<T>::max_rows)
           return linear_forward(policy_, flatten_rows(x), *panels_, flatten_rows(y));
+      if constexpr (packs)
+        if (packed_) return linear_forward(policy_, flatten_rows(x), weight_.value.view(), *packed_, flatten_rows(y));
       linear_forward(policy_, flatten_rows(x), weight_.value.view(), flatten_rows(y));
     }();
     saved.input_shape = x.shape();
@@ -123,7 +149,11 @@ class Linear {
 
   // The weight as int8 from now on (see above); idempotent. The float weight
   // must be finite and in <= 133144 (exact int32 sums).
-  void quantize_weights() { int8_ = detail::int8_weights<Policy>("Linear::quantize_weights", weight_.value.data(), out_, in_); }
+  // Packed weights are packed again, from the int8 rows.
+  void quantize_weights() {
+    int8_ = detail::int8_weights<Policy>("Linear::quantize_weights", weight_.value.data(), out_, in_);
+    if (packed_) add_packed_weights();
+  }
   bool weights_quantized() const noexcept { return int8_ != nullptr; }
   // The int8 weights' bytes (values, steps, sums); 0 when not quantized.
   std::size_t int8_bytes() const noexcept { return int8_ ? int8_->bytes() : 0; }
@@ -134,12 +164,29 @@ class Linear {
       if (decoding_input_bytes() > wide_weight_row_bytes)
         panels_ = std::make_shared<const decoding_panels<T>>(weight_.value.data(), out_, in_);
   }
+  // The weights (int8 ones where quantized) also packed for the policy's
+  // matrix library (see above); a no-op for policies, number types and
+  // settings (matmuls = difftx) whose products of many rows never read them.
+  void add_packed_weights() {
+    if (int8_) {
+      if constexpr (packs_int8) packed_ = pack_weights(policy_, *int8_);
+    } else if constexpr (packs) {
+      packed_ = pack_weights(policy_, weight_.value.const_view());
+    }
+  }
+  // The packed copy's bytes; 0 without one.
+  std::size_t packed_bytes() const noexcept {
+    if constexpr (packs || packs_int8) return packed_ ? packed_->bytes() : 0;
+    return 0;
+  }
   // Throws input_error once the weights are int8 or have decoding panels
   // (inference only: no gradient of the rounding; the panels would not follow an update).
   void require_trainable(std::string_view where) const {
     require(!int8_, where, "weights", "float weights (a backward; int8 weights are for inference)", "int8 weights");
     require(!panels_, where, "weights", "W alone (a backward; decoding panels are for inference)",
             "W and its decoding panels");
+    require(!packed_, where, "weights", "W alone (a backward; packed weights are for inference)",
+            "W and its packed copy");
   }
 
  private:
@@ -165,6 +212,11 @@ class Linear {
         linear_forward(p, a, decoding_panels<T>{}, b);
       };
 
+  // Packed weights for float weights and for int8 rows, on policies that make them.
+  static constexpr bool packs = requires(const Policy& p, cview<T, 2> w) { pack_weights(p, w); };
+  static constexpr bool packs_int8 =
+      low_bit_policy<Policy> && requires(const Policy& p, const int8_rows<accum_t<T>>& w) { pack_weights(p, w); };
+
   Policy policy_;
   index_t in_, out_;
   Parameter<T, 2> weight_;
@@ -173,6 +225,7 @@ class Linear {
   // same for the panels.
   std::shared_ptr<const int8_rows<accum_t<T>>> int8_;
   std::shared_ptr<const decoding_panels<T>> panels_;
+  std::shared_ptr<const typename detail::packed_weights_of<Policy>::type> packed_;
 };
 
 // Every Linear of a module (projections, SwiGLU, the LM head) with int8

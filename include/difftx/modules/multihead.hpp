@@ -159,6 +159,9 @@ class MultiHead {
   void add_decoding_panels() {
     for (auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->add_decoding_panels();
   }
+  void add_packed_weights() {
+    for (auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->add_packed_weights();
+  }
 
   // Inference with a KV cache (modules/kv_cache.hpp). A cache for `batch`
   // sequences of up to `capacity` tokens, in the policy's memory:

@@ -148,6 +148,11 @@ class MultiHeadV2 {
     o_proj_.add_decoding_panels();
     if (lambda_proj_) lambda_proj_->add_decoding_panels();
   }
+  void add_packed_weights() {
+    heads_.add_packed_weights();
+    o_proj_.add_packed_weights();
+    if (lambda_proj_) lambda_proj_->add_packed_weights();
+  }
 
   // Inference with a KV cache (modules/kv_cache.hpp): the cache of a standard
   // transformer with g key/value heads of D, whatever h is.

@@ -124,6 +124,9 @@ class SoftmaxHeads {
   void add_decoding_panels() {
     for (auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->add_decoding_panels();
   }
+  void add_packed_weights() {
+    for (auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->add_packed_weights();
+  }
 
   // After forward(x, s, sequences) on the prompts: the cache restarts with their keys and values.
   void fill(const saved_type& s, KVCache<T>& cache, sequence_offsets sequences) const {

@@ -123,6 +123,9 @@ class Stack {
   void add_decoding_panels() {
     for (auto& layer : layers_) layer.add_decoding_panels();
   }
+  void add_packed_weights() {
+    for (auto& layer : layers_) layer.add_packed_weights();
+  }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
     std::vector<parameter_ref<T>> all;

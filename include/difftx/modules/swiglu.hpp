@@ -106,6 +106,10 @@ class SwiGLU {
   void add_decoding_panels() {
     for (auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->add_decoding_panels();
   }
+  // Every projection's weights also packed (modules/linear.hpp).
+  void add_packed_weights() {
+    for (auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->add_packed_weights();
+  }
   void require_trainable(std::string_view where) const {
     for (const auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->require_trainable(where);
   }

@@ -149,18 +149,14 @@ void panel_gemv(const policy::simd& p, index_t M, const T* x, const decoding_pan
   }
 }
 
-}  // namespace simd_detail
-
-// y[M, N] = x[M, K] · w[N, K]^T
+// y[M, N] = x[M, K] · w[N, K]^T; packed: w's packed copy for oneDNN, or nullptr.
 template <class T>
-  requires supported_by<policy::simd, T>
-void linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, TensorView<T, 2> y) {
-  using namespace simd_detail;
+void float_linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w,
+                          const policy::simd::packed_weights* packed, TensorView<T, 2> y) {
   using A = accum_t<T>;
-  constexpr std::string_view where = "linear_forward";
-  detail::check_linear(where, memory_space::host, x, w, y, "y");
+  detail::check_linear("linear_forward", memory_space::host, x, w, y, "y");
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
-  if (onednn_linear_forward(p, x, w, y)) return;
+  if (onednn_linear_forward(p, x, w, y, packed)) return;
   if constexpr (!std::is_same_v<T, A>) {
     reduced_gemm<a_storage::rows, b_storage::columns>(p, M, N, K, x.data(), K, w.data(), K, y.data(), N, false);
   } else if (M <= gemv_max_rows) {  // decoding
@@ -175,6 +171,26 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, TensorV
     });
   }
 }
+
+}  // namespace simd_detail
+
+// y[M, N] = x[M, K] · w[N, K]^T
+template <class T>
+  requires supported_by<policy::simd, T>
+void linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, TensorView<T, 2> y) {
+  simd_detail::float_linear_forward(p, x, w, nullptr, y);
+}
+
+#if defined(DIFFTX_ONEDNN)
+// The same with w also packed (pack_weights, linear_onednn.hpp).
+template <class T>
+  requires supported_by<policy::simd, T>
+void linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, const policy::simd::packed_weights& packed,
+                    TensorView<T, 2> y) {
+  simd_detail::check_packed("linear_forward", packed, w.extent(0), w.extent(1));
+  simd_detail::float_linear_forward(p, x, w, &packed, y);
+}
+#endif
 
 // y[M, N] = x[M, K] · w^T with w as decoding panels (M ≤ max_rows)
 template <class T>

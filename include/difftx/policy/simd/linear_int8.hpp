@@ -36,14 +36,15 @@ int8_rows<accum_t<T>> quantized_rows(const policy::simd& p, cview<T, 2> x) {
 
 }  // namespace simd_detail
 
-// y[M, N] = (x[M, K] quantized per row) · w8[N, K]^T, scaled
+namespace simd_detail {
+
+// y[M, N] = (x[M, K] quantized per row) · w8[N, K]^T, scaled; packed: w8's
+// packed copy for oneDNN, or nullptr.
 template <class T>
-  requires supported_by<policy::simd, T>
-void linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_t<T>>& w, TensorView<T, 2> y) {
-  using namespace simd_detail;
+void int8_linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_t<T>>& w,
+                         const policy::simd::packed_weights* packed, TensorView<T, 2> y) {
   using A = accum_t<T>;
-  constexpr std::string_view where = "linear_forward";
-  detail::check_linear_stored(where, memory_space::host, x, w, y, "int8 weights");
+  detail::check_linear_stored("linear_forward", memory_space::host, x, w, y, "int8 weights");
   const auto x8 = quantized_rows<T>(p, x);
   const index_t N = w.rows;
   const auto store = [&](index_t m, index_t j0, index_t n, const std::int32_t* sums) {
@@ -56,7 +57,27 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_
       from_accum(out, width, y.data() + m * N + j0 + c0);
     }
   };
-  if (!onednn_int8_products(p, x8, w, store)) int8_products(p, x8, w, store);
+  if (!onednn_int8_products(p, x8, w, store, packed)) int8_products(p, x8, w, store);
 }
+
+}  // namespace simd_detail
+
+// y[M, N] = (x[M, K] quantized per row) · w8[N, K]^T, scaled
+template <class T>
+  requires supported_by<policy::simd, T>
+void linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_t<T>>& w, TensorView<T, 2> y) {
+  simd_detail::int8_linear_forward(p, x, w, nullptr, y);
+}
+
+#if defined(DIFFTX_ONEDNN)
+// The same with w8 also packed (pack_weights, linear_onednn.hpp): the same bits.
+template <class T>
+  requires supported_by<policy::simd, T>
+void linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_t<T>>& w,
+                    const policy::simd::packed_weights& packed, TensorView<T, 2> y) {
+  simd_detail::check_packed("linear_forward", packed, w.rows, w.padded);
+  simd_detail::int8_linear_forward(p, x, w, &packed, y);
+}
+#endif
 
 }  // namespace difftx

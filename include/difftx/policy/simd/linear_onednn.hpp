@@ -6,12 +6,17 @@
 //   weight gradient dw[N, K] += dy[M, N]ᵀ · x[M, K]
 //   int8 weights   sums[M, N] = x8[M, K] · w8[N, K]ᵀ exactly in int32, the
 //                  products of linear_int8.hpp (gemm_int8.hpp's own elsewhere)
+// The forward products may read w packed (policy::simd::packed_weights,
+// pack_weights below; Linear::add_packed_weights).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "difftx/ops/int8.hpp"
 #include "difftx/ops/linear.hpp"
@@ -35,7 +40,8 @@ constexpr bool onednn_measured_faster() {
   return std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, std::int8_t>;
 }
 // Below this many rows difftx's int8 kernels were measured faster than
-// oneDNN's on Zen 4 (docs/design.md, "oneDNN's matmul"): automatic keeps them.
+// oneDNN's on Zen 4 (docs/design.md, "oneDNN's matmul"): automatic keeps them,
+// unless the weights are packed for oneDNN, which then was the faster.
 inline constexpr index_t onednn_int8_min_rows = 32;
 
 // The types of oneDNN's product for Linear in T (std::int8_t: int8 weights).
@@ -48,19 +54,25 @@ constexpr matmul_types onednn_types() {
 
 // The rows of a prefill or training product, for asking what such a product runs on.
 inline constexpr index_t many_rows = 4096;
+// The columns of int8 weights packed for oneDNN in one block: 4096 columns
+// of int32 sums are 16 KiB a row, so 1024 rows of them make the 16 MiB block
+// that onednn_int8_products holds at a time.
+inline constexpr index_t int8_packed_columns = 4096;
 
 // Whether oneDNN multiplies a product of M rows in T (std::int8_t: int8
 // weights) under p: never decoding's few rows (difftx's GEMV streams the
-// weights once), never without the library, int8 only where its sums are exact.
+// weights once), never without the library, int8 only where its sums are
+// exact. packed: the weights are packed for oneDNN (pack_weights).
 template <class T>
-bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index_t M) {
+bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index_t M,
+                  [[maybe_unused]] bool packed = false) {
 #if defined(DIFFTX_ONEDNN)
   if constexpr (onednn_computes<T> || std::is_same_v<T, std::int8_t>) {
     using library = policy::simd::matmul_library;
     if (M <= gemv_max_rows || p.matmuls == library::difftx) return false;
     if constexpr (std::is_same_v<T, std::int8_t>) {
       if (!onednn_int8_exact()) return false;  // forced too: difftx's int8 kernels are exact everywhere
-      if (p.matmuls == library::automatic && M < onednn_int8_min_rows) return false;
+      if (p.matmuls == library::automatic && M < onednn_int8_min_rows && !packed) return false;
     }
     return p.matmuls == library::onednn || onednn_measured_faster<T>();
   }
@@ -82,17 +94,83 @@ std::string difftx::policy::simd::matmul_kernel() const {
   return "";
 }
 
+#if defined(DIFFTX_ONEDNN)
+// W [N, K] (or int8 rows [N, padded K]) in oneDNN's layout, in blocks of
+// block_columns columns: all of N for float types; int8 weights in blocks of
+// int8_packed_columns, as their products hold the int32 sums a block at a time.
+struct difftx::policy::simd::packed_weights {
+  index_t rows, cols;  // W's N and K (int8: its padded K)
+  index_t block_columns;
+  std::vector<simd_detail::onednn_packed_matrix> blocks;
+  std::size_t bytes() const {
+    std::size_t total = 0;
+    for (const auto& block : blocks) total += block.bytes();
+    return total;
+  }
+};
+
+namespace difftx {
+
+// w also in the layout oneDNN's matmul reads, for the forward products it
+// takes under p: it then reads that copy rather than copying w into the layout
+// on every call. nullptr where oneDNN takes no product of w's type, or reads w
+// as it lies.
+template <class T>
+  requires simd_detail::onednn_computes<T>
+std::shared_ptr<const policy::simd::packed_weights> pack_weights(const policy::simd& p, TensorView<const T, 2> w) {
+  using namespace simd_detail;
+  if (!onednn_takes<T>(p, many_rows)) return nullptr;
+  const index_t N = w.extent(0), K = w.extent(1);
+  auto packed = onednn_matmuls::instance().pack(onednn_types<T>(), N, K, {w.data(), 1, K}, thread_count(p));
+  if (!packed) return nullptr;
+  return std::make_shared<const policy::simd::packed_weights>(
+      policy::simd::packed_weights{N, K, N, {std::move(*packed)}});
+}
+
+// The same for int8 weights, in blocks of int8_packed_columns.
+template <class A>
+std::shared_ptr<const policy::simd::packed_weights> pack_weights(const policy::simd& p, const int8_rows<A>& w) {
+  using namespace simd_detail;
+  if (!onednn_takes<std::int8_t>(p, many_rows)) return nullptr;
+  policy::simd::packed_weights packed{w.rows, w.padded, int8_packed_columns, {}};
+  for (index_t j0 = 0; j0 < w.rows; j0 += int8_packed_columns) {
+    auto block = onednn_matmuls::instance().pack(int8_products_types, std::min(int8_packed_columns, w.rows - j0),
+                                                 w.padded, {w.row(j0), 1, w.padded}, thread_count(p));
+    if (!block) return nullptr;
+    packed.blocks.push_back(std::move(*block));
+  }
+  return std::make_shared<const policy::simd::packed_weights>(std::move(packed));
+}
+
+}  // namespace difftx
+#endif
+
 namespace difftx::simd_detail {
 
+#if defined(DIFFTX_ONEDNN)
+// Throws input_error unless packed holds a weight of N x K.
+inline void check_packed(std::string_view where, const policy::simd::packed_weights& packed, index_t N, index_t K) {
+  require(packed.rows == N && packed.cols == K, where, "packed",
+          "w packed, [" + std::to_string(N) + ", " + std::to_string(K) + "]",
+          "[" + std::to_string(packed.rows) + ", " + std::to_string(packed.cols) + "]");
+}
+#endif
+
+// packed: w's packed copy, or nullptr; oneDNN reads it where it has a kernel
+// for the product on that layout, else w.
 template <class T>
 bool onednn_linear_forward([[maybe_unused]] const policy::simd& p, [[maybe_unused]] cview<T, 2> x,
-                           [[maybe_unused]] cview<T, 2> w, [[maybe_unused]] TensorView<T, 2> y) {
+                           [[maybe_unused]] cview<T, 2> w, [[maybe_unused]] TensorView<T, 2> y,
+                           [[maybe_unused]] const policy::simd::packed_weights* packed = nullptr) {
 #if defined(DIFFTX_ONEDNN)
   if constexpr (onednn_computes<T>) {
     const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
-    if (onednn_takes<T>(p, M))
-      return onednn_matmuls::instance().run(onednn_types<T>(), M, N, K, {x.data(), K, 1}, {w.data(), 1, K}, y.data(),
-                                            N, false, thread_count(p));
+    if (!onednn_takes<T>(p, M)) return false;
+    auto& matmuls = onednn_matmuls::instance();
+    if (packed && matmuls.run(M, {x.data(), K, 1}, packed->blocks.front(), y.data(), N, false, thread_count(p)))
+      return true;
+    return matmuls.run(onednn_types<T>(), M, N, K, {x.data(), K, 1}, {w.data(), 1, K}, y.data(), N, false,
+                       thread_count(p));
   }
 #endif
   return false;
@@ -127,38 +205,68 @@ bool onednn_weight_gradient([[maybe_unused]] const policy::simd& p, [[maybe_unus
   return false;
 }
 
+#if defined(DIFFTX_ONEDNN)
+// The int8 sums of onednn_int8_products below over blocks of `width` columns
+// and `chunk` rows: product(i0, rows, j0, n, sums) writes a block's sums
+// (false where oneDNN has no kernel for it), which then go to store less the
+// offset, the block's rows on the policy's threads.
+template <class A, class Product, class Store>
+bool onednn_int8_blocks(int threads, const int8_rows<A>& b, index_t M, index_t chunk, index_t width, Product&& product,
+                        Store&& store) {
+  const index_t N = b.rows;
+  aligned_vector<std::int32_t> sums(static_cast<std::size_t>(std::min(chunk, M) * std::min(width, N)));
+  for (index_t i0 = 0; i0 < M; i0 += chunk)
+    for (index_t j0 = 0; j0 < N; j0 += width) {
+      const index_t rows = std::min(chunk, M - i0), n = std::min(width, N - j0);
+      if (!product(i0, rows, j0, n, sums.data())) return false;
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (index_t i = 0; i < rows; ++i) {
+        std::int32_t* row = sums.data() + i * n;
+        remove_unsigned_offset(row, b, j0, n);
+        store(i0 + i, j0, n, static_cast<const std::int32_t*>(row));
+      }
+    }
+  return true;
+}
+#endif
+
 // The exact int8 sums of a's rows with b's (same padding) on oneDNN, handed to
 // store(i, j0, n, sums) as gemm_int8.hpp's int8_products hands them: in blocks
-// of columns (16 MiB of sums, or 64 columns past 64k rows), each block's rows
-// stored on the policy's threads. a goes in offset to unsigned bytes (a + 128, u8 · s8: the
-// products x86's int8 instructions make, vpdpbusd and AMX's tdpbusd) and each
-// sum comes out less 128·Σ_p b[j, p] (gemm_int8.hpp's helpers for both). False
-// where oneDNN does not take the product; then, or if a block has no kernel,
-// the caller's int8_products computes every sum again.
+// of 16 MiB of sums (columns as many as fit M rows, at least 64; with b
+// packed, its blocks' columns and as many rows as fit), each block's rows
+// stored on the policy's threads. a goes in offset to unsigned bytes (a + 128,
+// u8 · s8: the products x86's int8 instructions make, vpdpbusd and AMX's
+// tdpbusd) and each sum comes out less 128·Σ_p b[j, p] (gemm_int8.hpp's
+// helpers for both). packed: b's packed copy (pack_weights), or nullptr;
+// oneDNN reads it where it has a kernel for the product on that layout, else
+// b. False where oneDNN does not take the product; then, or if a block has no
+// kernel, the caller's int8_products computes every sum again.
 template <class A, class Store>
 bool onednn_int8_products([[maybe_unused]] const policy::simd& p, [[maybe_unused]] const int8_rows<A>& a,
-                          [[maybe_unused]] const int8_rows<A>& b, [[maybe_unused]] Store&& store) {
+                          [[maybe_unused]] const int8_rows<A>& b, [[maybe_unused]] Store&& store,
+                          [[maybe_unused]] const policy::simd::packed_weights* packed = nullptr) {
 #if defined(DIFFTX_ONEDNN)
   const index_t M = a.rows, N = b.rows, kp = a.padded;
-  if (!onednn_takes<std::int8_t>(p, M)) return false;
+  if (!onednn_takes<std::int8_t>(p, M, packed != nullptr)) return false;
   const int threads = thread_count(p);
   const auto offset = offset_to_unsigned(p, a);
+  auto& matmuls = onednn_matmuls::instance();
   constexpr index_t block_sums = index_t{4} << 20;
-  const index_t width = std::min(N, std::max<index_t>(64, block_sums / M / 64 * 64));
-  aligned_vector<std::int32_t> sums(static_cast<std::size_t>(M * width));
-  for (index_t j0 = 0; j0 < N; j0 += width) {
-    const index_t n = std::min(width, N - j0);
-    if (!onednn_matmuls::instance().run(int8_products_types, M, n, kp, {offset.data(), kp, 1}, {b.row(j0), 1, kp},
-                                        sums.data(), n, false, threads))
-      return false;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (index_t i = 0; i < M; ++i) {
-      std::int32_t* row = sums.data() + i * n;
-      remove_unsigned_offset(row, b, j0, n);
-      store(i, j0, n, static_cast<const std::int32_t*>(row));
-    }
+  if (packed) {
+    const index_t width = packed->block_columns;
+    const auto from_packed = [&](index_t i0, index_t rows, index_t j0, index_t n, std::int32_t* sums) {
+      return matmuls.run(rows, {offset.data() + i0 * kp, kp, 1}, packed->blocks[static_cast<std::size_t>(j0 / width)],
+                         sums, n, false, threads);
+    };
+    if (onednn_int8_blocks(threads, b, M, std::max<index_t>(64, block_sums / width), width, from_packed, store))
+      return true;
   }
-  return true;
+  const auto from_rows = [&](index_t, index_t rows, index_t j0, index_t n, std::int32_t* sums) {
+    return matmuls.run(int8_products_types, rows, n, kp, {offset.data(), kp, 1}, {b.row(j0), 1, kp}, sums, n, false,
+                       threads);
+  };
+  return onednn_int8_blocks(threads, b, M, M, std::min(N, std::max<index_t>(64, block_sums / M / 64 * 64)), from_rows,
+                            store);
 #else
   return false;
 #endif

@@ -9,7 +9,10 @@
 // kept (at most primitive_cache_capacity; past that the cache starts over), as
 // cuBLASLt plans are on the GPU. A type oneDNN has no kernel for on this CPU
 // (float16 without AVX512_FP16) is remembered as such and the caller computes
-// the product itself.
+// the product itself. A B multiplied many times (a model's weights) may be
+// packed once into the layout oneDNN's kernel reads (onednn_packed_matrix):
+// its products then skip the copy into that layout that each call makes of a
+// B as it lies.
 #pragma once
 
 #if defined(DIFFTX_ONEDNN)
@@ -69,6 +72,15 @@ inline bool onednn_int8_exact() {
   return exact;
 }
 
+// B [K, N] in the layout oneDNN's matmul picks for it (format_tag::any), a copy
+// of its own.
+struct onednn_packed_matrix {
+  matmul_types types;
+  index_t K, N;
+  dnnl::memory memory;
+  std::size_t bytes() const { return memory.get_desc().get_size(); }
+};
+
 class onednn_matmuls {
  public:
   static constexpr std::size_t primitive_cache_capacity = 256;
@@ -85,22 +97,56 @@ class onednn_matmuls {
     const key k{types.a,         types.b,      types.c,         M,   N,          K,      a.row_stride,
                 a.column_stride, b.row_stride, b.column_stride, ldc, accumulate, threads};
     const thread_count_scope scope(threads);
-    const auto made = find_or_create(k);
+    const auto b_layout = descriptor(types.b, K, N, b.row_stride, b.column_stride);
+    const auto made = find_or_create(k, b_layout);
     if (!made) return false;
-    dnnl::stream stream(engine_);
-    dnnl::memory a_memory(descriptor(types.a, M, K, a.row_stride, a.column_stride), engine_, const_cast<void*>(a.data));
-    dnnl::memory b_memory(descriptor(types.b, K, N, b.row_stride, b.column_stride), engine_, const_cast<void*>(b.data));
-    dnnl::memory c_memory(descriptor(types.c, M, N, ldc, 1), engine_, c);
-    made->primitive.execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
-    stream.wait();
+    execute(made->primitive, types, M, N, K, a, dnnl::memory(b_layout, engine_, const_cast<void*>(b.data)), c, ldc);
     return true;
+  }
+  // The same with B packed (pack below); false (nothing written) where
+  // oneDNN has no kernel for a product of M rows on that layout.
+  bool run(index_t M, const matmul_operand& a, const onednn_packed_matrix& b, void* c, index_t ldc, bool accumulate,
+           int threads) {
+    // Strides (0, 0) stand for B's packed layout, which types, N and K fix on this CPU.
+    const key k{b.types.a, b.types.b, b.types.c, M, b.N, b.K, a.row_stride, a.column_stride, 0, 0, ldc, accumulate,
+                threads};
+    const thread_count_scope scope(threads);
+    const auto made = find_or_create(k, b.memory.get_desc());
+    if (!made) return false;
+    execute(made->primitive, b.types, M, b.N, b.K, a, b.memory, c, ldc);
+    return true;
+  }
+
+  // B [K, N] copied into the layout oneDNN picks for products of many rows
+  // with it; none where that is the layout B already has, or where oneDNN has
+  // no kernel for the types.
+  std::optional<onednn_packed_matrix> pack(matmul_types types, index_t N, index_t K, const matmul_operand& b,
+                                           int threads) {
+    const thread_count_scope scope(threads);
+    try {
+      constexpr index_t rows = 512;  // a prompt's; oneDNN's blocking of B does not depend on M
+      const auto plain = descriptor(types.b, K, N, b.row_stride, b.column_stride);
+      const dnnl::memory::desc chosen_by_kernel({K, N}, types.b, dnnl::memory::format_tag::any);
+      const auto pd = primitive_description(descriptor(types.a, rows, K, K, 1), chosen_by_kernel,
+                                            descriptor(types.c, rows, N, N, 1), {});
+      if (pd.weights_desc() == plain) return std::nullopt;
+      onednn_packed_matrix packed{types, K, N, dnnl::memory(pd.weights_desc(), engine_)};
+      dnnl::memory source(plain, engine_, const_cast<void*>(b.data));
+      dnnl::stream stream(engine_);
+      dnnl::reorder(source, packed.memory).execute(stream, source, packed.memory);
+      stream.wait();
+      return packed;
+    } catch (const dnnl::error&) {
+      return std::nullopt;
+    }
   }
 
   // The kernel oneDNN picks for a product of the types on this CPU
   // ("brg:avx512_core_amx", "gemm:jit", ...), "" where it has none.
   std::string implementation(matmul_types types, int threads) {
     const thread_count_scope scope(threads);
-    const auto made = find_or_create({types.a, types.b, types.c, 256, 256, 256, 256, 1, 256, 1, 256, false, threads});
+    const auto made = find_or_create({types.a, types.b, types.c, 256, 256, 256, 256, 1, 256, 1, 256, false, threads},
+                                     descriptor(types.b, 256, 256, 256, 1));
     return made ? made->kernel : "";
   }
 
@@ -138,12 +184,32 @@ class onednn_matmuls {
     return dnnl::memory::desc({rows, cols}, type, dnnl::memory::dims{row_stride, column_stride});
   }
 
-  // The primitive for k, none where oneDNN has no kernel.
-  std::optional<entry> find_or_create(const key& k) {
+  dnnl::matmul::primitive_desc primitive_description(const dnnl::memory::desc& a, const dnnl::memory::desc& b,
+                                                     const dnnl::memory::desc& c, const dnnl::primitive_attr& attr) {
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl::matmul::primitive_desc(engine_, a, b, c, attr);
+#else
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine_);
+#endif
+  }
+
+  void execute(const dnnl::matmul& primitive, matmul_types types, index_t M, index_t N, index_t K,
+               const matmul_operand& a, const dnnl::memory& b, void* c, index_t ldc) {
+    dnnl::stream stream(engine_);
+    dnnl::memory a_memory(descriptor(types.a, M, K, a.row_stride, a.column_stride), engine_, const_cast<void*>(a.data));
+    dnnl::memory c_memory(descriptor(types.c, M, N, ldc, 1), engine_, c);
+    primitive.execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c_memory}});
+    stream.wait();
+  }
+
+  // The primitive for k with B laid out as b, none where oneDNN has no kernel.
+  std::optional<entry> find_or_create(const key& k, const dnnl::memory::desc& b) {
     const std::lock_guard lock(mutex_);
     if (const auto it = primitives_.find(k); it != primitives_.end()) return it->second;
     if (primitives_.size() >= primitive_cache_capacity) primitives_.clear();
-    const auto& [a_type, b_type, c_type, M, N, K, a_rows, a_cols, b_rows, b_cols, ldc, accumulate, threads] = k;
+    // B's type and strides are b's.
+    [[maybe_unused]] const auto& [a_type, b_type, c_type, M, N, K, a_rows, a_cols, b_rows, b_cols, ldc, accumulate,
+                                  threads] = k;
     std::optional<entry> made;
     try {
       dnnl::primitive_attr attr;
@@ -152,13 +218,8 @@ class onednn_matmuls {
         sum.append_sum(1.0f);
         attr.set_post_ops(sum);
       }
-      const auto a = descriptor(a_type, M, K, a_rows, a_cols), b = descriptor(b_type, K, N, b_rows, b_cols),
-                 c = descriptor(c_type, M, N, ldc, 1);
-#if DNNL_VERSION_MAJOR >= 3
-      const dnnl::matmul::primitive_desc pd(engine_, a, b, c, attr);
-#else
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine_);
-#endif
+      const auto pd = primitive_description(descriptor(a_type, M, K, a_rows, a_cols), b,
+                                            descriptor(c_type, M, N, ldc, 1), attr);
       made = entry{dnnl::matmul(pd), pd.impl_info_str()};
     } catch (const dnnl::error&) {
       made.reset();  // no kernel for these types here: the caller's own product

@@ -61,6 +61,10 @@ struct simd {
   // (defined in linear_onednn.hpp).
   template <class T>
   std::string matmul_kernel() const;
+  // A weight also in the layout oneDNN's matmul reads, for products of more
+  // rows than decoding's (Linear::add_packed_weights; defined in
+  // linear_onednn.hpp where the build has oneDNN).
+  struct packed_weights;
   // AMX tiles (Sapphire Rapids and later) in difftx's own attention kernels:
   // the int8 and bfloat16 score tiles (docs/design.md, "AMX"). Off by default
   // until they have run on an AMX CPU; asked for, they run where the CPU and
