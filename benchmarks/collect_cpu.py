@@ -232,11 +232,12 @@ def checkpoint(raw, threads):
         if p and not model_line:
             model_line = f"{p['parameters'] / 1e6:.0f}M parameters; transformers {p['transformers']}, torch {p['torch']}"
     cmds = commands(raw, "make", "difftx.float32.json", "peer.float32.txt", "difftx.bfloat16.json", "peer.bfloat16.txt")
+    prompt, new = d["prompt_tokens"], d["new_tokens"]
     tables = [table(f"A random DiffLlama folder shaped like a 375M Llama-3 model (C 1024, 16 layers, 16 heads "
                     f"of 64 as transformers counts them, 4 key/value heads, F 4096, V 128256 tied, llama3 "
-                    f"RoPE; {model_line or 'transformers not run'}), loaded in each dtype. A prompt of 128 "
-                    f"random tokens in one prefill, then 32 greedy decode steps; medians of 3. transformers: "
-                    f"`generate` with SDPA attention; its decode time is generate(32) minus generate(1). "
+                    f"RoPE; {model_line or 'transformers not run'}), loaded in each dtype. A prompt of {prompt} "
+                    f"random tokens in one prefill, then {new} greedy decode steps; medians of 3. transformers: "
+                    f"`generate` with SDPA attention; its decode time is generate({new}) minus generate(1). "
                     f"\"of bound\": difftx's decode step time against the time this machine takes to read the "
                     f"bytes a step must read (weights and cache), measured between steps.",
                     ["dtype", "difftx prefill tokens/s", "transformers prefill tokens/s",

@@ -132,11 +132,11 @@ measure() {  # question: its commands, outputs under $work/<question>
       fi
       wait_quiet
       for t in float32 bfloat16; do
-        run "$o/difftx.$t.json" "$difftx" bench --model "$ckpt" --seq 128 --new-tokens 32 --repeats 3 --dtype "$t" \
+        run "$o/difftx.$t.json" "$difftx" bench --model "$ckpt" --seq 512 --new-tokens 32 --repeats 3 --dtype "$t" \
           --threads "$THREADS" --json
         if ((has_peers)); then
           run "$o/peer.$t.txt" "$PYTHON" benchmarks/peer_transformers_generate.py --model "$ckpt" --dtype "$t" \
-            --threads "$THREADS" --prompt-tokens 128 --new-tokens 32 --repeats 3
+            --threads "$THREADS" --prompt-tokens 512 --new-tokens 32 --repeats 3
         fi
       done ;;
     lowbit)  # a decode step in float32, bfloat16 and int8; int8 Q·Kᵀ in the forward
