@@ -232,7 +232,8 @@ def checkpoint(raw, threads):
         if p and not model_line:
             model_line = f"{p['parameters'] / 1e6:.0f}M parameters; transformers {p['transformers']}, torch {p['torch']}"
     cmds = commands(raw, "make", "difftx.float32.json", "peer.float32.txt", "difftx.bfloat16.json", "peer.bfloat16.txt")
-    prompt, new = d["prompt_tokens"], d["new_tokens"]
+    f32 = read_json_lines(os.path.join(raw, "difftx.float32.json"))
+    prompt, new = f32["prompt_tokens"], f32["new_tokens"]
     tables = [table(f"A random DiffLlama folder shaped like a 375M Llama-3 model (C 1024, 16 layers, 16 heads "
                     f"of 64 as transformers counts them, 4 key/value heads, F 4096, V 128256 tied, llama3 "
                     f"RoPE; {model_line or 'transformers not run'}), loaded in each dtype. A prompt of {prompt} "

@@ -288,7 +288,17 @@ TEST_CASE("cli models: bench --model times the real model's prefill and decode a
   expect_usage_error("bench --model " + q(hf_data / "gqa") + " --backward", {"--backward", "--model"});
 }
 
-TEST_CASE("cli models: bench --model --packed-weights packs the layers' weights for oneDNN, and says so") {
+TEST_CASE("cli models: generate and bench --model --packed-weights pack the layers' weights for oneDNN, and say so") {
+  // The prompt's products read the packed copy: the same greedy tokens as without it.
+  const hf_expected e("plain");
+  const std::string generate = "generate --model " + q(hf_data / "plain") + " --prompt " + e.joined(e.prompt) +
+                               " --max-new-tokens " + std::to_string(e.greedy.size()) + " --dtype float32 --json";
+  const auto plain = difftx_cli(generate), packed = difftx_cli(generate + " --packed-weights");
+  INFO("stderr: " << plain.err << packed.err);
+  REQUIRE(plain.code == 0);
+  REQUIRE(packed.code == 0);
+  CHECK(nlohmann::json::parse(packed.out).at("packed_weights") == true);
+  CHECK(nlohmann::json::parse(packed.out).at("tokens") == nlohmann::json::parse(plain.out).at("tokens"));
   for (const std::string weights : {"", " --weights-dtype int8"}) {
     INFO(weights);
     const auto r = difftx_cli("bench --model " + q(hf_data / "gqa") +

@@ -153,8 +153,12 @@ TEST_CASE("simd: linear on oneDNN's matmul and on difftx's own products") {
 // plain product's bits; float and bfloat16 land within their forward bar of
 // the plain product (checked against the reference above). N = 4166 makes
 // int8's two blocks of packed columns (int8_packed_columns), M = 1100 its two
-// chunks of rows, M = 5 the fewest rows oneDNN takes when forced. A packed
-// Linear refuses a backward; with matmuls = difftx nothing is packed.
+// chunks of rows, M = 5 the fewest rows oneDNN takes when forced. The packed
+// copy is packed before quantize_weights, which packs the int8 rows again.
+// Since a product oneDNN declines on the packed layout falls back to W as it
+// lies, oneDNN must take each of those products on the packed blocks
+// themselves. A packed Linear refuses a backward, a forward refuses a copy
+// packed from another type, and with matmuls = difftx nothing is packed.
 template <class T>
 void check_packed_linear(bool int8) {
   using library = policy::simd::matmul_library;
@@ -165,11 +169,11 @@ void check_packed_linear(bool int8) {
   random_stream a(7), b(7);
   packed.reset_parameters(a);
   plain.reset_parameters(b);
+  packed.add_packed_weights();  // before quantize_weights: int8 rows are packed again from it
   if (int8) {
     plain.quantize_weights();
     packed.quantize_weights();
   }
-  packed.add_packed_weights();
   INFO(scalar_traits<T>::name << (int8 ? std::string(" int8 weights") : std::string()) << ", packed bytes "
                               << packed.packed_bytes());
 #if defined(DIFFTX_ONEDNN)
@@ -194,6 +198,29 @@ void check_packed_linear(bool int8) {
   if (!int8 && packed.packed_bytes() > 0)  // int8 weights are refused as such first
     test_support::expect_input_error([&] { packed.require_trainable("Linear::backward"); }, "Linear::backward",
                                      "weights", "W alone", "W and its packed copy");
+#if defined(DIFFTX_ONEDNN)
+  const auto w = test_support::random_tensor<T, 2>({N, K}, 9);
+  const int8_rows<accum_t<T>> w8 = simd_detail::quantized_rows<T>(p, w.const_view());
+  const auto blocks = int8 ? pack_weights(p, w8) : pack_weights(p, w.const_view());
+  if (blocks)
+    for (index_t M : {5, 70, 1100}) {
+      const index_t depth = int8 ? w8.padded : K;
+      const std::vector<std::uint8_t> rows(static_cast<std::size_t>(M * depth * sizeof(T)), 1);
+      std::vector<std::int32_t> c(static_cast<std::size_t>(M * blocks->block_columns));
+      for (const auto& block : blocks->blocks)
+        CHECK(simd_detail::onednn_matmuls::instance().run(M, {rows.data(), depth, 1}, block, c.data(), block.N, false, 2));
+    }
+  if (!int8 && blocks && !std::is_same_v<T, float>) {
+    const auto w32 = test_support::random_tensor<float, 2>({N, K}, 9);
+    const auto x = test_support::random_tensor<T, 2>({5, K}, 8);
+    Tensor<T, 2> y({5, N});
+    if (const auto float_blocks = pack_weights(p, w32.const_view()))
+      test_support::expect_input_error(
+          [&] { linear_forward(p, x.const_view(), w.const_view(), *float_blocks, y.view()); }, "linear_forward",
+          "packed", "blocks packed by pack_weights from " + std::string(scalar_traits<T>::name), "another type");
+    CHECK(std::all_of(y.data(), y.data() + y.size(), [](T v) { return v == T(0); }));
+  }
+#endif
   policy::simd own{2};
   own.matmuls = library::difftx;
   Linear<T, policy::simd> unpacked(K, N, own);

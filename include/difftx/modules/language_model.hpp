@@ -210,8 +210,9 @@ class LanguageModel {
     layers_.add_decoding_panels();
     if (head_) head_->add_decoding_panels();
   }
-  // The layers' weights also packed (modules/linear.hpp). Not the head's: a
-  // prompt asks it for the last position's logits alone, a product of one row.
+  // The layers' weights also packed (modules/linear.hpp). Not the head's, the
+  // largest weight: prefill asks it for one row a sequence, and a forward
+  // over whole sequences (scoring) multiplies it as it lies.
   void add_packed_weights() { layers_.add_packed_weights(); }
   void require_trainable(std::string_view where) const {
     layers_.require_trainable(where);

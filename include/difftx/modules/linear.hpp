@@ -20,10 +20,9 @@
 // rows) also in the layout oneDNN's matmul reads, for the products of more
 // rows than decoding's that it takes (a prompt). Without it oneDNN copies W
 // into that layout on every such product, which costs most where the product
-// has few rows (docs/design.md, "oneDNN's matmul", has the figures). It
-// costs W's bytes once more; as with
-// the panels, a new value in W needs add_packed_weights() again, and backward
-// refuses.
+// has few rows (docs/design.md, "oneDNN's matmul", has the figures). It costs
+// the bytes of what it packs once more; as with the panels, a new value in W
+// needs add_packed_weights() again, and backward refuses.
 #pragma once
 
 #include <algorithm>
@@ -149,10 +148,10 @@ class Linear {
 
   // The weight as int8 from now on (see above); idempotent. The float weight
   // must be finite and in <= 133144 (exact int32 sums).
-  // Packed weights are packed again, from the int8 rows.
+  // Weights asked to be packed are packed again, from the int8 rows.
   void quantize_weights() {
     int8_ = detail::int8_weights<Policy>("Linear::quantize_weights", weight_.value.data(), out_, in_);
-    if (packed_) add_packed_weights();
+    if (packing_asked_) add_packed_weights();
   }
   bool weights_quantized() const noexcept { return int8_ != nullptr; }
   // The int8 weights' bytes (values, steps, sums); 0 when not quantized.
@@ -164,10 +163,12 @@ class Linear {
       if (decoding_input_bytes() > wide_weight_row_bytes)
         panels_ = std::make_shared<const decoding_panels<T>>(weight_.value.data(), out_, in_);
   }
-  // The weights (int8 ones where quantized) also packed for the policy's
-  // matrix library (see above); a no-op for policies, number types and
-  // settings (matmuls = difftx) whose products of many rows never read them.
+  // The weights (int8 ones where quantized, then or later) also packed for
+  // the policy's matrix library (see above); none for policies, number types
+  // and settings (matmuls = difftx) whose products of many rows never read them.
   void add_packed_weights() {
+    packing_asked_ = true;
+    packed_ = nullptr;
     if (int8_) {
       if constexpr (packs_int8) packed_ = pack_weights(policy_, *int8_);
     } else if constexpr (packs) {
@@ -226,6 +227,7 @@ class Linear {
   std::shared_ptr<const int8_rows<accum_t<T>>> int8_;
   std::shared_ptr<const decoding_panels<T>> panels_;
   std::shared_ptr<const typename detail::packed_weights_of<Policy>::type> packed_;
+  bool packing_asked_ = false;
 };
 
 // Every Linear of a module (projections, SwiGLU, the LM head) with int8

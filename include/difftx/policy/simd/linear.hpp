@@ -187,7 +187,7 @@ template <class T>
   requires supported_by<policy::simd, T>
 void linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, const policy::simd::packed_weights& packed,
                     TensorView<T, 2> y) {
-  simd_detail::check_packed("linear_forward", packed, w.extent(0), w.extent(1));
+  simd_detail::check_packed<T>("linear_forward", packed, w.extent(0), w.extent(1));
   simd_detail::float_linear_forward(p, x, w, &packed, y);
 }
 #endif

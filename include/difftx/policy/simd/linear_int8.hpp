@@ -75,7 +75,7 @@ template <class T>
   requires supported_by<policy::simd, T>
 void linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_t<T>>& w,
                     const policy::simd::packed_weights& packed, TensorView<T, 2> y) {
-  simd_detail::check_packed("linear_forward", packed, w.rows, w.padded);
+  simd_detail::check_packed<std::int8_t>("linear_forward", packed, w.rows, w.padded);
   simd_detail::int8_linear_forward(p, x, w, &packed, y);
 }
 #endif

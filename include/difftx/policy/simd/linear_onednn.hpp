@@ -54,25 +54,24 @@ constexpr matmul_types onednn_types() {
 
 // The rows of a prefill or training product, for asking what such a product runs on.
 inline constexpr index_t many_rows = 4096;
-// The columns of int8 weights packed for oneDNN in one block: 4096 columns
-// of int32 sums are 16 KiB a row, so 1024 rows of them make the 16 MiB block
-// that onednn_int8_products holds at a time.
+// The columns of int8 weights packed for oneDNN in one block, whose int32
+// sums onednn_int8_products holds for a chunk of rows at a time.
 inline constexpr index_t int8_packed_columns = 4096;
 
 // Whether oneDNN multiplies a product of M rows in T (std::int8_t: int8
 // weights) under p: never decoding's few rows (difftx's GEMV streams the
 // weights once), never without the library, int8 only where its sums are
-// exact. packed: the weights are packed for oneDNN (pack_weights).
+// exact. weights_packed: they are packed for oneDNN (pack_weights).
 template <class T>
 bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index_t M,
-                  [[maybe_unused]] bool packed = false) {
+                  [[maybe_unused]] bool weights_packed = false) {
 #if defined(DIFFTX_ONEDNN)
   if constexpr (onednn_computes<T> || std::is_same_v<T, std::int8_t>) {
     using library = policy::simd::matmul_library;
     if (M <= gemv_max_rows || p.matmuls == library::difftx) return false;
     if constexpr (std::is_same_v<T, std::int8_t>) {
       if (!onednn_int8_exact()) return false;  // forced too: difftx's int8 kernels are exact everywhere
-      if (p.matmuls == library::automatic && M < onednn_int8_min_rows && !packed) return false;
+      if (p.matmuls == library::automatic && M < onednn_int8_min_rows && !weights_packed) return false;
     }
     return p.matmuls == library::onednn || onednn_measured_faster<T>();
   }
@@ -148,11 +147,29 @@ std::shared_ptr<const policy::simd::packed_weights> pack_weights(const policy::s
 namespace difftx::simd_detail {
 
 #if defined(DIFFTX_ONEDNN)
-// Throws input_error unless packed holds a weight of N x K.
-inline void check_packed(std::string_view where, const policy::simd::packed_weights& packed, index_t N, index_t K) {
+// Throws input_error unless packed is what pack_weights makes of a weight of
+// N x K (int8: K padded) in T (std::int8_t: int8 rows).
+template <class T>
+void check_packed(std::string_view where, const policy::simd::packed_weights& packed, index_t N, index_t K) {
+  const auto name = [](index_t rows, index_t cols) {
+    return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  };
   require(packed.rows == N && packed.cols == K, where, "packed",
-          "w packed, [" + std::to_string(N) + ", " + std::to_string(K) + "]",
-          "[" + std::to_string(packed.rows) + ", " + std::to_string(packed.cols) + "]");
+          std::string(std::is_same_v<T, std::int8_t> ? "int8 rows (K padded)" : "w") + " packed, " + name(N, K),
+          name(packed.rows, packed.cols));
+  const index_t width = std::max<index_t>(packed.block_columns, 1);
+  bool made_for_w = packed.block_columns > 0 && packed.blocks.size() == static_cast<std::size_t>((N + width - 1) / width);
+  for (std::size_t b = 0; made_for_w && b < packed.blocks.size(); ++b) {
+    const auto& block = packed.blocks[b];
+    const auto expected = onednn_types<T>();
+    made_for_w = block.types.a == expected.a && block.types.b == expected.b && block.types.c == expected.c &&
+                 block.K == K && block.N == std::min(width, N - static_cast<index_t>(b) * width);
+  }
+  const auto what = [] {
+    if constexpr (std::is_same_v<T, std::int8_t>) return std::string("int8 rows");
+    else return std::string(scalar_traits<T>::name) + " weights";
+  };
+  require(made_for_w, where, "packed", "blocks packed by pack_weights from " + what(), "blocks of another type or shape");
 }
 #endif
 
@@ -258,12 +275,12 @@ bool onednn_int8_products([[maybe_unused]] const policy::simd& p, [[maybe_unused
       return matmuls.run(rows, {offset.data() + i0 * kp, kp, 1}, packed->blocks[static_cast<std::size_t>(j0 / width)],
                          sums, n, false, threads);
     };
-    if (onednn_int8_blocks(threads, b, M, std::max<index_t>(64, block_sums / width), width, from_packed, store))
-      return true;
+    if (onednn_int8_blocks(threads, b, M, block_sums / width, width, from_packed, store)) return true;
+    if (!onednn_takes<std::int8_t>(p, M)) return false;  // the rows difftx's kernels take unpacked
   }
-  const auto from_rows = [&](index_t, index_t rows, index_t j0, index_t n, std::int32_t* sums) {
-    return matmuls.run(int8_products_types, rows, n, kp, {offset.data(), kp, 1}, {b.row(j0), 1, kp}, sums, n, false,
-                       threads);
+  const auto from_rows = [&](index_t i0, index_t rows, index_t j0, index_t n, std::int32_t* sums) {
+    return matmuls.run(int8_products_types, rows, n, kp, {offset.data() + i0 * kp, kp, 1}, {b.row(j0), 1, kp}, sums,
+                       n, false, threads);
   };
   return onednn_int8_blocks(threads, b, M, M, std::min(N, std::max<index_t>(64, block_sums / M / 64 * 64)), from_rows,
                             store);

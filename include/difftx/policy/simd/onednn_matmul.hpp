@@ -107,12 +107,13 @@ class onednn_matmuls {
   // oneDNN has no kernel for a product of M rows on that layout.
   bool run(index_t M, const matmul_operand& a, const onednn_packed_matrix& b, void* c, index_t ldc, bool accumulate,
            int threads) {
-    // Strides (0, 0) stand for B's packed layout, which types, N and K fix on this CPU.
+    // Strides (0, 0) stand for a packed B; the primitive kept under them
+    // serves only a B of the layout it was made for.
     const key k{b.types.a, b.types.b, b.types.c, M, b.N, b.K, a.row_stride, a.column_stride, 0, 0, ldc, accumulate,
                 threads};
     const thread_count_scope scope(threads);
     const auto made = find_or_create(k, b.memory.get_desc());
-    if (!made) return false;
+    if (!made || !(made->b_layout == b.memory.get_desc())) return false;
     execute(made->primitive, b.types, M, b.N, b.K, a, b.memory, c, ldc);
     return true;
   }
@@ -124,7 +125,9 @@ class onednn_matmuls {
                                            int threads) {
     const thread_count_scope scope(threads);
     try {
-      constexpr index_t rows = 512;  // a prompt's; oneDNN's blocking of B does not depend on M
+      // A prompt's rows; a product of other rows either takes the same layout
+      // or declines it, and the caller then multiplies B as it lies.
+      constexpr index_t rows = 512;
       const auto plain = descriptor(types.b, K, N, b.row_stride, b.column_stride);
       const dnnl::memory::desc chosen_by_kernel({K, N}, types.b, dnnl::memory::format_tag::any);
       const auto pd = primitive_description(descriptor(types.a, rows, K, K, 1), chosen_by_kernel,
@@ -152,8 +155,9 @@ class onednn_matmuls {
 
  private:
   struct entry {
-    dnnl::matmul primitive;  // a handle: copies share it
-    std::string kernel;      // oneDNN's name for it
+    dnnl::matmul primitive;       // a handle: copies share it
+    std::string kernel;           // oneDNN's name for it
+    dnnl::memory::desc b_layout;  // the B it was made for
   };
   using key = std::tuple<dnnl::memory::data_type, dnnl::memory::data_type, dnnl::memory::data_type, index_t, index_t,
                          index_t, index_t, index_t, index_t, index_t, index_t, bool, int>;
@@ -220,7 +224,7 @@ class onednn_matmuls {
       }
       const auto pd = primitive_description(descriptor(a_type, M, K, a_rows, a_cols), b,
                                             descriptor(c_type, M, N, ldc, 1), attr);
-      made = entry{dnnl::matmul(pd), pd.impl_info_str()};
+      made = entry{dnnl::matmul(pd), pd.impl_info_str(), b};
     } catch (const dnnl::error&) {
       made.reset();  // no kernel for these types here: the caller's own product
     }
