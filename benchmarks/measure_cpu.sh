@@ -80,7 +80,7 @@ run() {
   for a in "$@"; do [[ $a =~ ^[A-Za-z0-9_./:=,+-]+$ ]] && shown+="$a " || shown+="'$a' "; done
   printf '%s\n' "${shown% }" | sed -e "s#$work/bin/difftx_parallel_bench#build/release/benchmarks/difftx_parallel_bench#g" \
     -e "s#$work/bin/difftx_bench#build/release/benchmarks/difftx_bench#g" -e "s#$work/bin/difftx#build/release/tools/difftx#g" \
-    -e "s#$work/ckpt#CKPT#g" -e "s# --out $work/[^ ]*##" -e "s# --binary build/release/benchmarks/difftx_bench##" \
+    -e "s#$work/ckpt#CKPT#g" -e "s#--model ${CKPT:-$work/ckpt} #--model CKPT #g" -e "s# --out $work/[^ ]*##" -e "s# --binary build/release/benchmarks/difftx_bench##" \
     -e "s#^$PYTHON #python3 #" -e "s#^env ##" >>"$out.cmd"
   "$@" >>"$out"
 }
