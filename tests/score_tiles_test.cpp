@@ -261,8 +261,9 @@ index_t beyond_one_step(const Tensor_& a, const Tensor_& b, double bar) {
   const double scale = std::max(1.0, testing::max_abs(b.data(), b.size()));
   index_t count = 0;
   for (index_t e = 0; e < a.size(); ++e) {
-    const double x = double(a.data()[e]), y = double(b.data()[e]);
-    const double step = std::ldexp(1.0, std::ilogb(std::max(std::abs(x), std::abs(y))) - 7);  // 8 bits of significand
+    const double x = double(a.data()[e]), y = double(b.data()[e]), magnitude = std::max(std::abs(x), std::abs(y));
+    // 8 bits of significand; ilogb(0) is INT_MIN, so zeros get no step
+    const double step = magnitude > 0 ? std::ldexp(1.0, std::ilogb(magnitude) - 7) : 0.0;
     if (std::abs(x - y) > step + bar * scale) ++count;
   }
   return count;
