@@ -187,31 +187,36 @@ def linear(raw, threads):
     if os.path.exists(os.path.join(raw, "peer.json")):
         p = read_json_lines(os.path.join(raw, "peer.json"))
         peer = {(r["dtype"], f"{r['M']}x{r['N']}x{r['K']}", r["pass"]): r["gflops"] for r in p["rows"]}
-    rows, onednn_vs, torch_vs = [], [], []
+    rows, onednn_vs, torch_vs, packed_vs = [], [], [], []
     for dtype in ("float32", "bfloat16", "int8"):
         for shape in ("2048x2048x2048", "512x4096x1024", "512x1024x4096", "8x4096x1024", "32x4096x1024"):
             for p in ("forward", "backward"):
                 d = ours.get(f"op:linear/simd/{dtype}/difftx/{p}/{shape}", {}).get("GFLOP/s")
                 o = ours.get(f"op:linear/simd/{dtype}/onednn/{p}/{shape}", {}).get("GFLOP/s")
+                packed = ours.get(f"op:linear/simd/{dtype}/onednn_packed/{p}/{shape}", {}).get("GFLOP/s")
                 t = peer.get((dtype, shape, p))
                 if d is None:
                     continue
                 onednn_vs.append(o / d if o else None)
+                packed_vs.append(packed / o if packed and o else None)
                 torch_vs.append(t / d if t else None)
                 rows.append([dtype, shape.replace("x", " x "), p, f"{d:.0f}", f"{o:.0f}" if o else "not built",
-                             f"{t:.0f}" if t else "not run", ratio(o, d) if o else "n/a", ratio(t, d) if t else "n/a"])
+                             f"{packed:.0f}" if packed else "–", f"{t:.0f}" if t else "not run",
+                             ratio(o, d) if o else "n/a", ratio(packed, o) if packed and o else "n/a",
+                             ratio(t, d) if t else "n/a"])
     tables = [table("GFLOP/s of Linear's products on M tokens x N outputs x K inputs (forward y = x·wᵀ; "
                     "backward dx = dy·w and dw += dyᵀ·x); 2048³, a 375M model's prefill shapes "
                     "(512 tokens, C 1024 to F 4096 and back), and 8 and 32 rows. difftx: `policy::simd{.matmuls = difftx}`, "
-                    "oneDNN: `.matmuls = onednn` (Google Benchmark); PyTorch: `torch.nn.functional.linear` "
+                    "oneDNN: `.matmuls = onednn` (Google Benchmark), and on weights packed once into the "
+                    "layout its kernel reads (`pack_weights`, forward only); PyTorch: `torch.nn.functional.linear` "
                     "and two matmuls, median of 5. int8: int8 weights and a float32 input quantized on "
                     "each call, forward only (oneDNN: u8·s8→s32, the same sums as difftx's); PyTorch: "
                     "`torch.ao.quantization.quantize_dynamic` on an `nn.Linear`.",
-                    ["dtype", "M x N x K", "pass", "difftx", "oneDNN", "PyTorch", "oneDNN / difftx",
-                     "PyTorch / difftx"],
+                    ["dtype", "M x N x K", "pass", "difftx", "oneDNN", "oneDNN packed", "PyTorch",
+                     "oneDNN / difftx", "packed / unpacked", "PyTorch / difftx"],
                     rows, commands(raw, "difftx_bench.json", "peer.json"))]
     by_dtype = {t: span([v for (r, v) in zip(rows, onednn_vs) if r[0] == t]) for t in ("float32", "bfloat16", "int8")}
-    return tables, {**by_dtype, "torch": span(torch_vs)}
+    return tables, {**by_dtype, "torch": span(torch_vs), "packed": span(packed_vs)}
 
 
 def checkpoint(raw, threads):

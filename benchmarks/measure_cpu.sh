@@ -116,7 +116,7 @@ measure() {  # question: its commands, outputs under $work/<question>
     linear)  # Linear's products: difftx's own, oneDNN's matmul, PyTorch
       wait_quiet
       run "$o/difftx_bench.json" env OMP_NUM_THREADS="$THREADS" "$bench" \
-        '--benchmark_filter=op:linear/simd/.*/(difftx|onednn)/' --benchmark_min_time=0.5 --benchmark_format=json
+        '--benchmark_filter=op:linear/simd/.*/(difftx|onednn|onednn_packed)/' --benchmark_min_time=0.5 --benchmark_format=json
       if ((has_peers)); then
         run "$o/peer.json" "$PYTHON" benchmarks/peer_pytorch_linear.py --threads "$THREADS"
       fi ;;

@@ -381,20 +381,22 @@ void register_bf16_products() {
 // (short prompts, batched decoding: where automatic's choice turns), forward (y = x·wᵀ)
 // and backward (dx = dy·w, dw += dyᵀ·x). T = std::int8_t: int8 weights
 // (float32 input quantized per row, exact int32 sums), forward only.
+// "onednn_packed": oneDNN's forward on weights packed once (pack_weights).
 template <class T>
 void register_linear_libraries(const std::string& dtype) {
   using library = policy::simd::matmul_library;
   constexpr bool int8_weights = std::is_same_v<T, std::int8_t>;
   using X = std::conditional_t<int8_weights, float, T>;
-  for (const auto matmuls : {library::difftx, library::onednn}) {
+  for (const std::string name : {"difftx", "onednn", "onednn_packed"}) {
 #if !defined(DIFFTX_ONEDNN)
-    if (matmuls == library::onednn) continue;
+    if (name != "difftx") continue;
 #endif
-    const std::string name = matmuls == library::onednn ? "onednn" : "difftx";
+    const auto matmuls = name == "difftx" ? library::difftx : library::onednn;
+    const bool packed = name == "onednn_packed";
     for (const auto& [M, N, K] : {std::array<index_t, 3>{2048, 2048, 2048}, {512, 4096, 1024}, {512, 1024, 4096},
                                   {8, 4096, 1024}, {32, 4096, 1024}})
       for (const bool backward : {false, true}) {
-        if (int8_weights && backward) continue;
+        if ((int8_weights || packed) && backward) continue;
         benchmark::RegisterBenchmark(("op:linear/simd/" + dtype + "/" + name + (backward ? "/backward/" : "/forward/") +
                                       std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K))
                                          .c_str(),
@@ -409,7 +411,28 @@ void register_linear_libraries(const std::string& dtype) {
                                          w8 = int8_rows<float>(N, K);
                                          for (index_t r = 0; r < N; ++r) w8.set_row(r, w.data() + r * K);
                                        }
+#if defined(DIFFTX_ONEDNN)
+                                       std::shared_ptr<const policy::simd::packed_weights> packed_w;
+                                       if constexpr (int8_weights)
+                                         packed_w = packed ? pack_weights(p, w8) : nullptr;
+                                       else
+                                         packed_w = packed ? pack_weights(p, flatten_rows(w.const_view())) : nullptr;
+                                       if (packed && !packed_w) state.SkipWithError("oneDNN reads W as it lies here");
+#endif
                                        for (auto _ : state) {
+#if defined(DIFFTX_ONEDNN)
+                                         if (packed_w) {
+                                           if constexpr (int8_weights)
+                                             linear_forward(p, flatten_rows(x.const_view()), w8, *packed_w,
+                                                            flatten_rows(y.view()));
+                                           else
+                                             linear_forward(p, flatten_rows(x.const_view()),
+                                                            flatten_rows(w.const_view()), *packed_w,
+                                                            flatten_rows(y.view()));
+                                           benchmark::ClobberMemory();
+                                           continue;
+                                         }
+#endif
                                          if constexpr (int8_weights)
                                            linear_forward(p, flatten_rows(x.const_view()), w8, flatten_rows(y.view()));
                                          else if (backward)
