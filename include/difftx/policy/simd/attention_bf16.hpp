@@ -127,13 +127,14 @@ struct bf16_tile_scores {
     for (auto& pair_keys : keys2) pair_keys.resize(static_cast<std::size_t>(round_up(shape.N, Bs) * Maps * 2 * d2));
   }
   const Eigen::bfloat16* key_tile(index_t pair, index_t kb, index_t m) const {
-    return keys2[static_cast<std::size_t>(pair)].data() + (kb * Maps + m) * 2 * d2 * Bs;
+    return keys2[static_cast<std::size_t>(pair)].data() + key_offset(kb, m);
   }
+  index_t key_offset(index_t kb, index_t m) const { return (kb * Maps + m) * 2 * d2 * Bs; }
 
   // Key block kb of a pair, from its float tiles kt [d][Bs], into pairs of depth.
   void key_block_packed(index_t pair, index_t kb, packed_keys<float>& keys) {
     for (index_t m = 0; m < Maps; ++m)
-      pack_pair_columns(keys.kt_tile(kb, m, d), d, keys2[static_cast<std::size_t>(pair)].data() + (kb * Maps + m) * 2 * d2 * Bs);
+      pack_pair_columns(keys.kt_tile(kb, m, d), d, keys2[static_cast<std::size_t>(pair)].data() + key_offset(kb, m));
   }
 
   struct worker {

@@ -158,10 +158,10 @@ void check_packed(std::string_view where, const policy::simd::packed_weights& pa
           std::string(std::is_same_v<T, std::int8_t> ? "int8 rows (K padded)" : "w") + " packed, " + name(N, K),
           name(packed.rows, packed.cols));
   const index_t width = std::max<index_t>(packed.block_columns, 1);
+  const auto expected = onednn_types<T>();
   bool made_for_w = packed.block_columns > 0 && packed.blocks.size() == static_cast<std::size_t>((N + width - 1) / width);
   for (std::size_t b = 0; made_for_w && b < packed.blocks.size(); ++b) {
     const auto& block = packed.blocks[b];
-    const auto expected = onednn_types<T>();
     made_for_w = block.types.a == expected.a && block.types.b == expected.b && block.types.c == expected.c &&
                  block.K == K && block.N == std::min(width, N - static_cast<index_t>(b) * width);
   }
