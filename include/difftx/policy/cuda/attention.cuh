@@ -232,13 +232,14 @@ bool attention_forward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5> 
                                        Maps == 2 ? lambda.data() : nullptr, o.data(), Maps == 2 ? o2.data() : nullptr,
                                        lse.data()))
       return false;
-    record(p, attention_path::cudnn);
+    record(p, attention_path::cudnn_ragged);
     return true;
   }
 }
 
 // The backward of attention_forward_packed: dq, dk, dv and dlambda (Maps = 2)
-// assigned over the whole batch, or false with nothing written.
+// assigned over the whole batch, or false with nothing written (values wider
+// than ragged_backward_max_dv among the cases).
 template <int Maps, class T>
   requires supported_by<policy::cuda, T>
 bool attention_backward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
@@ -249,7 +250,7 @@ bool attention_backward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5>
   if constexpr (!has_tensor_cores<T>) {
     return false;
   } else {
-    if (!ragged_requested(p, sequences)) return false;
+    if (!ragged_requested(p, sequences) || v.extent(3) > ragged_backward_max_dv) return false;
     constexpr std::string_view where = "attention_backward";
     detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
                                            dlambda);
@@ -262,7 +263,7 @@ bool attention_backward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5>
                                         lse.data(), d_o.data(), dq.data(), dk.data(), dv.data(),
                                         Maps == 2 ? dlambda.data() : nullptr))
       return false;
-    record(p, attention_path::cudnn);
+    record(p, attention_path::cudnn_ragged);
     return true;
   }
 }

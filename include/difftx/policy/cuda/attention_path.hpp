@@ -22,14 +22,17 @@ enum class cuda_attention : std::uint8_t { difftx, cudnn };
 
 }  // namespace policy
 
-// What ran one attention call (policy::cuda counts them; `difftx bench` prints them).
-enum class attention_path : std::uint8_t { cuda_cores, tensor_cores, cudnn };
-inline constexpr int attention_path_count = 3;
+// What ran one attention call (policy::cuda counts them; `difftx bench` prints
+// them): a packed batch in one call per map on cuDNN's ragged layout counts as
+// cudnn_ragged, each sequence's own call as any other.
+enum class attention_path : std::uint8_t { cuda_cores, tensor_cores, cudnn, cudnn_ragged };
+inline constexpr int attention_path_count = 4;
 
 constexpr std::string_view path_name(attention_path path) {
   switch (path) {
     case attention_path::cuda_cores: return "difftx cuda cores";
     case attention_path::tensor_cores: return "difftx tensor cores";
+    case attention_path::cudnn_ragged: return "cudnn ragged";
     case attention_path::cudnn: break;
   }
   return "cudnn";
@@ -82,6 +85,12 @@ inline bool cudnn_applies(policy::cuda_attention requested, bool half_precision,
     if (reinterpret_cast<std::uintptr_t>(t) % 16 != 0) return false;
   return true;
 }
+
+// The widest values cuDNN's ragged backward takes here: on an H100 with cuDNN
+// 9.19 (2026-11-26) values 256 wide (d = 128, two maps) gave infinite input
+// gradients there, where per-sequence calls of the same shape pass; a wider
+// packed backward goes one sequence at a time.
+inline constexpr std::int64_t ragged_backward_max_dv = 128;
 
 }  // namespace cuda_detail
 

@@ -42,14 +42,15 @@ inline void check(cublasStatus_t status, const char* what, const char* file, int
 
 #define DIFFTX_CUDA_CHECK(expr) ::difftx::cuda_detail::check((expr), #expr, __FILE__, __LINE__)
 
-// Device memory allocated and freed in the order of one stream (cudaMallocAsync),
-// so temporaries of a backward cost no device-wide synchronisation.
+// Device memory allocated and freed in the order of one stream, from the
+// context's own pool (cudaMallocFromPoolAsync), so temporaries of a backward
+// cost no device-wide synchronisation.
 class device_memory_resource final : public memory_resource {
  public:
-  explicit device_memory_resource(cudaStream_t stream) : stream_(stream) {}
+  device_memory_resource(cudaStream_t stream, cudaMemPool_t pool) : stream_(stream), pool_(pool) {}
   void* allocate(std::size_t bytes) override {
     void* p = nullptr;
-    DIFFTX_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream_));
+    DIFFTX_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes, pool_, stream_));
     return p;
   }
   void deallocate(void* p, std::size_t) noexcept override { cudaFreeAsync(p, stream_); }
@@ -70,6 +71,7 @@ class device_memory_resource final : public memory_resource {
 
  private:
   cudaStream_t stream_;
+  cudaMemPool_t pool_;
 };
 
 namespace cuda_detail {
@@ -114,6 +116,11 @@ struct cuda_context {
   cublasLtHandle_t blas = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
+  // The pool `memory` allocates from. It keeps what is freed for the next
+  // allocation instead of returning it to the driver at each synchronisation
+  // (a pool's default), which would map memory afresh on every decode step;
+  // release_cached_memory() gives it back.
+  cudaMemPool_t pool = nullptr;
   std::unique_ptr<device_memory_resource> memory;
   // Products' plans built once per key and kept (linear.cuh), instead of
   // rebuilt on every call; false rebuilds them each time (a context shared by
@@ -135,19 +142,40 @@ struct cuda_context {
     DIFFTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     DIFFTX_CUDA_CHECK(cublasLtCreate(&blas));
     DIFFTX_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
-    memory = std::make_unique<device_memory_resource>(stream);
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    DIFFTX_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+    std::uint64_t keep_everything = UINT64_MAX;
+    DIFFTX_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+    memory = std::make_unique<device_memory_resource>(stream, pool);
   }
   cuda_context(const cuda_context&) = delete;
   cuda_context& operator=(const cuda_context&) = delete;
   ~cuda_context() {
     cudaStreamSynchronize(stream);
     cudnn_attention.reset();
+    cudaMemPoolDestroy(pool);  // released once its last allocation is freed
     cudaFree(workspace);
     cublasLtDestroy(blas);
     cudaStreamDestroy(stream);
   }
 
   void synchronize() const { DIFFTX_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+
+  // Device memory the pool holds, in use or kept for reuse (bytes).
+  std::uint64_t reserved_bytes() const {
+    std::uint64_t bytes = 0;
+    DIFFTX_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &bytes));
+    return bytes;
+  }
+  // Returns the memory the pool keeps but nothing uses to the driver, once the
+  // stream's work is done (for another process or library on the device).
+  void release_cached_memory() const {
+    synchronize();
+    DIFFTX_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+  }
 
   // One context per device, shared by every default-constructed policy, so
   // modules built separately still run in order on one stream. It is never
