@@ -34,10 +34,6 @@ int8_rows<accum_t<T>> quantized_rows(const policy::simd& p, cview<T, 2> x) {
   return rows;
 }
 
-}  // namespace simd_detail
-
-namespace simd_detail {
-
 // y[M, N] = (x[M, K] quantized per row) · w8[N, K]^T, scaled; packed: w8's
 // packed copy for oneDNN, or nullptr.
 template <class T>
