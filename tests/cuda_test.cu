@@ -651,10 +651,11 @@ TEST_CASE("cuda: float64 MultiHead and DecoderLayer, double throughout") {
 
 // A decode step synchronises (its logits come back), and a pool with the
 // default release threshold would hand its memory back to the driver there.
-TEST_CASE("cuda: the context's pool keeps freed memory until asked to release it") {
+TEST_CASE("cuda: keep_freed_memory's pool keeps freed memory until asked to release it") {
   int device = 0;
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
-  cuda_context context(device);  // its own pool: no other case's tensors in it
+  cuda_context context(device);
+  context.keep_freed_memory();  // a pool of its own: no other case's tensors in it
   constexpr std::size_t bytes = std::size_t{64} << 20;
   context.memory->deallocate(context.memory->allocate(bytes), bytes);
   context.synchronize();

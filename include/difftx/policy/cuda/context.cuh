@@ -42,17 +42,22 @@ inline void check(cublasStatus_t status, const char* what, const char* file, int
 
 #define DIFFTX_CUDA_CHECK(expr) ::difftx::cuda_detail::check((expr), #expr, __FILE__, __LINE__)
 
-// Device memory allocated and freed in the order of one stream, from the
-// context's own pool (cudaMallocFromPoolAsync), so temporaries of a backward
-// cost no device-wide synchronisation.
+// Device memory allocated and freed in the order of one stream (cudaMallocAsync,
+// or cudaMallocFromPoolAsync from a pool of the context's own once it has one),
+// so temporaries of a backward cost no device-wide synchronisation.
 class device_memory_resource final : public memory_resource {
  public:
-  device_memory_resource(cudaStream_t stream, cudaMemPool_t pool) : stream_(stream), pool_(pool) {}
+  explicit device_memory_resource(cudaStream_t stream) : stream_(stream) {}
   void* allocate(std::size_t bytes) override {
     void* p = nullptr;
-    DIFFTX_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes, pool_, stream_));
+    if (pool_)
+      DIFFTX_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes, pool_, stream_));
+    else
+      DIFFTX_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream_));
     return p;
   }
+  // Allocations from now on come from `pool` (frees go to whichever pool gave the memory).
+  void allocate_from(cudaMemPool_t pool) noexcept { pool_ = pool; }
   void deallocate(void* p, std::size_t) noexcept override { cudaFreeAsync(p, stream_); }
   void copy(void* dst, const void* src, std::size_t bytes) override {
     DIFFTX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -71,7 +76,7 @@ class device_memory_resource final : public memory_resource {
 
  private:
   cudaStream_t stream_;
-  cudaMemPool_t pool_;
+  cudaMemPool_t pool_ = nullptr;  // none: the device's default pool
 };
 
 namespace cuda_detail {
@@ -116,11 +121,9 @@ struct cuda_context {
   cublasLtHandle_t blas = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
-  // The pool `memory` allocates from. It keeps what is freed for the next
-  // allocation instead of returning it to the driver at each synchronisation
-  // (a pool's default), which would map memory afresh on every decode step;
-  // release_cached_memory() gives it back.
-  cudaMemPool_t pool = nullptr;
+  // A pool of the context's own that keeps freed memory (keep_freed_memory()),
+  // or none: `memory` allocates from the device's default pool.
+  cudaMemPool_t own_pool = nullptr;
   std::unique_ptr<device_memory_resource> memory;
   // Products' plans built once per key and kept (linear.cuh), instead of
   // rebuilt on every call; false rebuilds them each time (a context shared by
@@ -142,21 +145,14 @@ struct cuda_context {
     DIFFTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     DIFFTX_CUDA_CHECK(cublasLtCreate(&blas));
     DIFFTX_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    DIFFTX_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
-    std::uint64_t keep_everything = UINT64_MAX;
-    DIFFTX_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
-    memory = std::make_unique<device_memory_resource>(stream, pool);
+    memory = std::make_unique<device_memory_resource>(stream);
   }
   cuda_context(const cuda_context&) = delete;
   cuda_context& operator=(const cuda_context&) = delete;
   ~cuda_context() {
     cudaStreamSynchronize(stream);
     cudnn_attention.reset();
-    cudaMemPoolDestroy(pool);  // released once its last allocation is freed
+    if (own_pool) cudaMemPoolDestroy(own_pool);  // released once its last allocation is freed
     cudaFree(workspace);
     cublasLtDestroy(blas);
     cudaStreamDestroy(stream);
@@ -164,17 +160,42 @@ struct cuda_context {
 
   void synchronize() const { DIFFTX_CUDA_CHECK(cudaStreamSynchronize(stream)); }
 
-  // Device memory the pool holds, in use or kept for reuse (bytes).
+  // From now on `memory` allocates from a pool of the context's own that keeps
+  // freed memory for the next allocation (release threshold unbounded). The
+  // default pool's threshold of zero hands it back to the driver at each
+  // synchronisation, which every decode step makes to bring its logits back,
+  // so the next step maps its temporaries afresh. Off by default until it has
+  // run on a GPU; idempotent.
+  void keep_freed_memory() {
+    if (own_pool) return;
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    DIFFTX_CUDA_CHECK(cudaMemPoolCreate(&own_pool, &props));
+    std::uint64_t keep_everything = UINT64_MAX;
+    DIFFTX_CUDA_CHECK(cudaMemPoolSetAttribute(own_pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+    memory->allocate_from(own_pool);
+  }
+  // Device memory the pool `memory` allocates from holds, in use or kept (bytes).
   std::uint64_t reserved_bytes() const {
     std::uint64_t bytes = 0;
-    DIFFTX_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &bytes));
+    DIFFTX_CUDA_CHECK(cudaMemPoolGetAttribute(allocation_pool(), cudaMemPoolAttrReservedMemCurrent, &bytes));
     return bytes;
   }
-  // Returns the memory the pool keeps but nothing uses to the driver, once the
-  // stream's work is done (for another process or library on the device).
+  // Returns the memory that pool keeps but nothing uses to the driver, once
+  // the stream's work is done (for another process or library on the device).
   void release_cached_memory() const {
     synchronize();
-    DIFFTX_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+    DIFFTX_CUDA_CHECK(cudaMemPoolTrimTo(allocation_pool(), 0));
+  }
+
+  // The pool `memory` allocates from: the context's own, or the device's default.
+  cudaMemPool_t allocation_pool() const {
+    if (own_pool) return own_pool;
+    cudaMemPool_t pool = nullptr;
+    DIFFTX_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    return pool;
   }
 
   // One context per device, shared by every default-constructed policy, so
