@@ -4,20 +4,26 @@
 // layouts, the hf fixture's tokenizer.model converted) on every text, round
 // trips, the accessors, and every refusal with its file, key and one line:
 // unsupported components, merges naming unknown tokens, bad and catastrophic
-// regular expressions, invalid UTF-8, deep nesting, malformed JSON.
+// regular expressions, invalid UTF-8, deep nesting, malformed JSON; the
+// incremental detokenizer: its pieces make decode(all) for every fixture and
+// text, it holds back incomplete characters, and its work is linear.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include <difftx/tokenizer/incremental_detokenizer.hpp>
 #include <difftx/tokenizer/open.hpp>
 
 #include "support/helpers.hpp"
@@ -297,4 +303,126 @@ TEST_CASE("tokenizer: open_tokenizer prefers tokenizer.json and falls back to to
   expect_input_error([&] { (void)difftx::tokenizer::open_tokenizer(hf); }, "open_tokenizer", (hf / "tokenizer.model").string(),
                      "difftx::sentencepiece", "without SentencePiece");
 #endif
+}
+
+namespace {
+
+// The pieces of a stream of ids, each push's and finish's.
+std::vector<std::string> stream_pieces(const difftx::tokenizer::text_tokenizer& tok, const std::vector<token_t>& ids,
+                                       bool skip_special) {
+  difftx::tokenizer::incremental_detokenizer stream(tok, skip_special);
+  std::vector<std::string> pieces;
+  for (const token_t t : ids) pieces.push_back(stream.push(t));
+  pieces.push_back(stream.finish());
+  return pieces;
+}
+
+std::string joined(const std::vector<std::string>& pieces) {
+  std::string all;
+  for (const auto& p : pieces) all += p;
+  return all;
+}
+
+// A tokenizer that counts the ids it is asked to decode.
+class counting_tokenizer final : public difftx::tokenizer::text_tokenizer {
+ public:
+  explicit counting_tokenizer(const difftx::tokenizer::text_tokenizer& inner) : inner_(inner) {}
+  std::optional<token_t> id_of(std::string_view token) const override { return inner_.id_of(token); }
+  std::optional<std::string> token_of(token_t id) const override { return inner_.token_of(id); }
+  token_t vocab_size() const override { return inner_.vocab_size(); }
+  std::optional<token_t> bos_id() const override { return inner_.bos_id(); }
+  std::optional<token_t> eos_id() const override { return inner_.eos_id(); }
+  bool adds_bos() const override { return inner_.adds_bos(); }
+  std::string description() const override { return inner_.description(); }
+  mutable std::size_t decoded = 0;
+
+ protected:
+  std::vector<token_t> encode_valid(std::string_view text, bool add_special_tokens) const override {
+    return inner_.encode(text, add_special_tokens);
+  }
+  std::string decode_ids(std::span<const token_t> ids, bool skip_special_tokens) const override {
+    decoded += ids.size();
+    return inner_.decode(ids, skip_special_tokens);
+  }
+
+ private:
+  const difftx::tokenizer::text_tokenizer& inner_;
+};
+
+bool valid_utf8(const std::string& s) { return difftx::tokenizer::utf8::first_invalid(s) == std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("incremental detokenizer: for every fixture and text, the pieces make decode(all), each whole characters") {
+  const auto& texts = expected().at("texts");
+  std::vector<const difftx::tokenizer::text_tokenizer*> tokenizers;
+  for (const auto* name : cases) tokenizers.push_back(&fixture(name));
+#if defined(DIFFTX_SENTENCEPIECE)
+  const auto sp = difftx::tokenizer::open_tokenizer(std::filesystem::path(DIFFTX_TEST_DATA) / "hf" / "tokenizer");
+  tokenizers.push_back(sp.get());
+#endif
+  for (const auto* tok : tokenizers)
+    for (const auto& [text_name, text] : texts.items())
+      for (const bool special : {true, false})
+        for (const bool skip : {false, true}) {
+          INFO(tok->description() << ", text " << text_name << std::string(special ? ", with" : ", without")
+                                  << " special tokens, skip_special_tokens " << skip);
+          auto ids = tok->encode(text.get<std::string>(), special);
+          if (tok->description().find("SentencePiece") != std::string::npos) std::erase(ids, 0);  // <unk>: " ⁇ "
+          const auto pieces = stream_pieces(*tok, ids, skip);
+          CHECK(joined(pieces) == tok->decode(ids, skip));
+          // Each piece is whole characters where the text is (a byte-level text that is not: U+FFFD, once, at the end).
+          if (valid_utf8(tok->decode(ids, skip)))
+            for (const auto& p : pieces) CHECK(valid_utf8(p));
+        }
+}
+
+TEST_CASE("incremental detokenizer: bytes of a character wait for the token that completes it") {
+  // Byte-level BPE (llama3) and byte fallback (llama2: <0xF0><0x9F>...) spell
+  // an emoji the fixtures have no token for a byte or two at a time.
+  const std::string text = "a\xF0\x9F\xA6\x80 b";  // U+1F980
+  for (const auto* name : {"llama3", "llama2"}) {
+    INFO(name);
+    const auto& tok = fixture(name);
+    const auto ids = tok.encode(text, false);
+    const auto pieces = stream_pieces(tok, ids, false);
+    CHECK(joined(pieces) == tok.decode(ids));
+    CHECK(std::ranges::count(pieces, std::string()) >= 2);  // held back, then given whole
+    CHECK(std::ranges::any_of(pieces, [](const std::string& p) { return p.find("\xF0\x9F\xA6\x80") != std::string::npos; }));
+    for (const auto& p : pieces) CHECK(valid_utf8(p));
+  }
+  // Bytes that never form a character: given as the decoder writes them (U+FFFD) once the
+  // stream has held them long enough, or at finish.
+  const auto& llama2 = fixture("llama2");
+  const token_t f0 = *llama2.id_of("<0xF0>");
+  std::vector<token_t> broken(20, f0);
+  CHECK(joined(stream_pieces(llama2, broken, false)) == llama2.decode(broken));
+  difftx::tokenizer::incremental_detokenizer stream(llama2);
+  CHECK(stream.push(f0).empty());
+  CHECK(stream.finish() == llama2.decode(std::vector<token_t>{f0}));
+  // An unknown id is decode's error, and the stream goes on as if it had not come.
+  const auto ids = llama2.encode("Hello world", false);
+  CHECK(stream.push(ids[0]) == llama2.decode(std::vector<token_t>{ids[0]}));
+  expect_input_error([&] { (void)stream.push(100000); }, "tokenizer::decode", "ids[1]", "has a token", "100000");
+  std::string rest;
+  for (std::size_t i = 1; i < ids.size(); ++i) rest += stream.push(ids[i]);
+  CHECK(llama2.decode(std::vector<token_t>{ids[0]}) + rest + stream.finish() == llama2.decode(ids));
+}
+
+TEST_CASE("incremental detokenizer: linear work, a few ids decoded per id pushed") {
+  const auto stress = expected().at("texts").at("stress").get<std::string>();
+  std::string text;
+  while (text.size() < 20000) text += stress;
+  for (const auto* name : {"llama3", "llama2"}) {
+    INFO(name);
+    const counting_tokenizer tok(fixture(name));
+    const auto ids = tok.encode(text, false);
+    REQUIRE(ids.size() > 4000);
+    tok.decoded = 0;
+    CHECK(joined(stream_pieces(tok, ids, false)) == fixture(name).decode(ids));
+    // Each push decodes its window (the last piece's tokens and those since)
+    // and, when it gives text, the new piece's tokens: a dozen ids per id at
+    // most here, where re-decoding the sequence would be thousands.
+    CHECK(tok.decoded < 12 * ids.size());
+  }
 }

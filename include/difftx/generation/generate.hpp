@@ -1,36 +1,32 @@
 // Text generation with a LanguageModel (modules/language_model.hpp) and its KV
 // cache: the prompt in one prefill that computes the head at its last token
-// only, then one decode step per new token, each chosen by token_sampler.
-// Generation stops after max_new_tokens, or after a stop token (end of
-// sequence), which is returned as the last token, as transformers' generate does.
+// only, then one decode step per new token, each chosen by token_sampler
+// (sampler.hpp). Generation stops after max_new_tokens, or after a stop token
+// (end of sequence), which is returned as the last token, as transformers'
+// generate does. Several prompts generate together (batch_generator.hpp),
+// each as it would alone.
 //
-//   difftx::generation_options o{.max_new_tokens = 32, .stop_tokens = {eos},
-//                                .sampling = {.temperature = 0.7, .top_p = 0.9, .seed = 1}};
+//   auto settings = difftx::io::read_generation_settings(folder);   // io/generation_settings.hpp
+//   difftx::generation_options o{.max_new_tokens = 32, .stop_tokens = settings.eos_token_ids,
+//                                .sampling = settings.sampling(/*seed=*/1)};
 //   auto tokens = difftx::generate(model, prompt, o, [](difftx::token_t t) { /* stream it */ });
+//   auto each = difftx::generate(model, prompts, o);   // std::vector<std::vector<token_t>> prompts
 #pragma once
 
-#include <algorithm>
 #include <span>
-#include <string>
+#include <utility>
 #include <vector>
 
-#include "difftx/core/checks.hpp"
-#include "difftx/generation/sampler.hpp"
-#include "difftx/ops/common.hpp"
-#include "difftx/ops/int8.hpp"
+#include "difftx/generation/batch_generator.hpp"
 
 namespace difftx {
-
-struct generation_options {
-  index_t max_new_tokens = 16;
-  std::vector<token_t> stop_tokens = {};  // end-of-sequence ids; empty: never stop early
-  sampling_options sampling = {};
-  inference_dtype kv_cache = inference_dtype::same;  // int8: keys and values stored in int8 (docs/semantics.md)
-};
 
 namespace detail {
 struct ignore_token {
   void operator()(token_t) const noexcept {}
+};
+struct ignore_prompt_token {
+  void operator()(std::size_t, token_t) const noexcept {}
 };
 }  // namespace detail
 
@@ -40,47 +36,30 @@ struct ignore_token {
 template <class Model, class OnToken = detail::ignore_token>
 std::vector<token_t> generate(const Model& model, std::span<const token_t> prompt, const generation_options& o,
                               OnToken&& on_token = {}) {
-  using T = typename Model::value_type;
-  constexpr std::string_view where = "generate";
-  const index_t V = model.config().vocab_size;
-  require(!prompt.empty(), where, "prompt", "at least one token", "none");
-  require(o.max_new_tokens >= 1, where, "max_new_tokens", "at least 1", std::to_string(o.max_new_tokens));
-  const auto outside = [V](token_t t) { return t < 0 || t >= V; };
-  if (const auto bad = std::ranges::find_if(prompt, outside); bad != prompt.end())
-    require(false, where, "prompt", "token ids in [0, " + std::to_string(V) + ")",
-            std::to_string(*bad) + " at position " + std::to_string(bad - prompt.begin()));
-  if (const auto bad = std::ranges::find_if(o.stop_tokens, outside); bad != o.stop_tokens.end())
-    require(false, where, "stop_tokens", "token ids in [0, " + std::to_string(V) + ")", std::to_string(*bad));
-  token_sampler sampler(o.sampling);
+  const std::span<const token_t> prompts[] = {prompt};
+  auto out = detail::generate_batch(model, std::span(prompts), std::span(&o, 1),
+                                    [&](std::size_t, token_t t) { on_token(t); });
+  return std::move(out.front());
+}
 
-  auto& memory = model.policy().memory();
-  const auto to_model = [&](std::span<const token_t> ids) {
-    Tensor<token_t, 2> tokens({1, static_cast<index_t>(ids.size())}, memory);
-    memory.upload(tokens.data(), ids.data(), ids.size_bytes());
-    return tokens;
-  };
-  std::vector<T> row(static_cast<std::size_t>(V));
-  const auto choose = [&](const T* logits) {
-    memory.download(row.data(), logits, row.size() * sizeof(T));
-    return sampler.next(std::span<const T>(row));
-  };
-  const auto stops = [&](token_t t) { return std::ranges::find(o.stop_tokens, t) != o.stop_tokens.end(); };
+// Each prompt's new tokens, the prompts decoded together: the same tokens as
+// generate(model, prompts[i], options[i]) one at a time (the same greedy
+// tokens, the same draws for the same seeds), where the model computes a row
+// alike in any batch. options: one per prompt; every kv_cache alike.
+// on_token(i, t): prompt i's new token t, as soon as it is chosen.
+template <class Model, class OnToken = detail::ignore_prompt_token>
+std::vector<std::vector<token_t>> generate(const Model& model, std::span<const std::vector<token_t>> prompts,
+                                           std::span<const generation_options> options, OnToken&& on_token = {}) {
+  const std::vector<std::span<const token_t>> views(prompts.begin(), prompts.end());
+  return detail::generate_batch(model, std::span(views), options, on_token);
+}
 
-  // The last new token is never fed back, so the cache holds one token fewer than the whole sequence.
-  const auto prompt_tokens = static_cast<index_t>(prompt.size());
-  auto cache = model.make_cache(1, prompt_tokens + o.max_new_tokens - 1, o.kv_cache);
-  Tensor<T, 2> last({1, V}, memory);
-  model.prefill(to_model(prompt).const_view(), cache, last.view());
-  std::vector<token_t> out{choose(last.data())};
-  on_token(out.back());
-  Tensor<T, 3> logits({1, 1, V}, memory);
-  while (static_cast<index_t>(out.size()) < o.max_new_tokens && !stops(out.back())) {
-    const token_t previous = out.back();
-    model.decode(to_model(std::span(&previous, 1)).const_view(), cache, logits.view());
-    out.push_back(choose(logits.data()));
-    on_token(out.back());
-  }
-  return out;
+// The same options for every prompt (each prompt's sampler starts from the same seed).
+template <class Model, class OnToken = detail::ignore_prompt_token>
+std::vector<std::vector<token_t>> generate(const Model& model, std::span<const std::vector<token_t>> prompts,
+                                           const generation_options& o, OnToken&& on_token = {}) {
+  const std::vector<generation_options> each(prompts.size(), o);
+  return generate(model, prompts, std::span<const generation_options>(each), on_token);
 }
 
 }  // namespace difftx

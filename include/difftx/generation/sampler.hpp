@@ -1,33 +1,35 @@
-// The next token from a row of logits: greedy, or drawn after temperature,
-// top-k and top-p (nucleus) truncation, applied in that order as transformers'
-// generate applies them (docs/semantics.md, "Generation"). Everything runs in
-// double on the host from the row's values with difftx's portable random
-// stream, so a seed gives the same tokens wherever the logits are the same.
+// The next token from a row of logits, through a chain of steps
+// (generation/sampling_step.hpp): penalties (penalties.hpp), then the
+// temperature and truncations (truncations.hpp), then greedy (the most
+// likely candidate) or a seeded draw. token_sampler(options) builds the chain
+// transformers' generate applies, in its order (docs/semantics.md,
+// "Generation"); token_sampler(steps, seed) runs a chain of your own.
+// Everything runs in double on the host from the row's values with difftx's
+// portable random stream, so a seed gives the same tokens wherever the
+// logits are the same.
+//
+//   difftx::token_sampler sampler({.temperature = 0.7, .top_p = 0.9, .repetition_penalty = 1.1, .seed = 1});
+//   sampler.start(prompt);                          // the history the penalties read
+//   difftx::token_t t = sampler.next(std::span<const float>(row));  // chosen, and added to the history
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <numeric>
+#include <memory>
+#include <optional>
 #include <span>
-#include <string>
 #include <utility>
 #include <vector>
 
-#include "difftx/core/checks.hpp"
 #include "difftx/core/random.hpp"
-#include "difftx/ops/common.hpp"
+#include "difftx/generation/penalties.hpp"
+#include "difftx/generation/sampling_options.hpp"
+#include "difftx/generation/sampling_step.hpp"
+#include "difftx/generation/truncations.hpp"
 
 namespace difftx {
 
-struct sampling_options {
-  double temperature = 0.0;  // 0: greedy, the largest logit (the first of equal ones)
-  index_t top_k = 0;         // keep the k largest logits (and any equal to the k-th); 0: no limit
-  double top_p = 1.0;        // keep the most likely tokens until their probability passes p; 1: no limit
-  std::uint64_t seed = 0;
-};
-
-// One candidate of a sampling step: a token and its probability after truncation.
+// One candidate of a sampling step: a token and its probability after the chain.
 struct token_probability {
   token_t token;
   double probability;
@@ -35,120 +37,110 @@ struct token_probability {
 
 class token_sampler {
  public:
-  explicit token_sampler(const sampling_options& o) : options_(checked(o)), rng_(o.seed) {}
+  using step_list = std::vector<std::shared_ptr<const sampling_step>>;
 
+  // transformers' chain for these options: the repetition penalty, OpenAI's
+  // presence and frequency penalties, then greedy (temperature 0), or the
+  // temperature, top-k, top-p and min-p and a draw from options.seed. A step
+  // whose option is neutral is left out. input_error("token_sampler",
+  // "<field>", ...) for an option out of its range.
+  explicit token_sampler(const sampling_options& o)
+      : options_(detail::checked_sampling(o)), steps_(steps_of(options_)), draws_(o.temperature > 0), rng_(o.seed) {}
+
+  // A chain of your own: the steps in this order, then the most likely
+  // candidate, or with a seed a draw among the candidates.
+  token_sampler(step_list steps, std::optional<std::uint64_t> draw_seed)
+      : steps_(std::move(steps)), draws_(draw_seed.has_value()), rng_(draw_seed.value_or(0)) {
+    for (std::size_t i = 0; i < steps_.size(); ++i)
+      require(steps_[i] != nullptr, "token_sampler", "steps[" + std::to_string(i) + "]", "a step", "null");
+    options_.seed = draw_seed.value_or(0);
+    options_.temperature = draws_ ? 1.0 : 0.0;
+  }
+
+  // The options the chain was made from (a chain of your own: temperature 1 if it draws, else 0, and its seed).
   const sampling_options& options() const noexcept { return options_; }
-  bool greedy() const noexcept { return options_.temperature == 0.0; }
+  bool greedy() const noexcept { return !draws_; }
+  const token_history& history() const noexcept { return history_; }
 
-  // The tokens a draw chooses among, in increasing id, with probabilities summing to 1.
+  // A new sequence: the history (what the penalties read) becomes the prompt.
+  void start(std::span<const token_t> prompt) { history_.start(prompt); }
+  // t follows in the history; next() calls it with the token it chooses.
+  void accept(token_t t) { history_.add(t); }
+
+  // The next token after the chain: the most likely candidate when greedy,
+  // else one draw; it joins the history.
   template <class T>
-  std::vector<token_probability> distribution(std::span<const T> logits) const {
-    const auto z = scaled(logits);
-    std::vector<token_t> kept(z.size());
-    std::iota(kept.begin(), kept.end(), token_t{0});
-    if (options_.top_k > 0 && options_.top_k < static_cast<index_t>(z.size())) keep_top_k(z, kept);
-    if (options_.top_p < 1.0) keep_top_p(z, kept);
-    std::ranges::sort(kept);
-    double largest = z[index(kept.front())];
-    for (const token_t t : kept) largest = std::max(largest, z[index(t)]);
+  token_t next(std::span<const T> logits) {
+    run_chain(logits);
+    const token_t t = draws_ ? draw() : candidates_.most_likely();
+    accept(t);
+    return t;
+  }
+
+  // The tokens the next draw chooses among, in increasing id, with
+  // probabilities summing to 1 (greedy: the most likely alone). The history is not changed.
+  template <class T>
+  std::vector<token_probability> distribution(std::span<const T> logits) {
+    run_chain(logits);
+    if (!draws_) return {{candidates_.most_likely(), 1.0}};
+    const double largest = candidates_.largest_score();
     std::vector<token_probability> out;
-    out.reserve(kept.size());
     double total = 0;
-    for (const token_t t : kept) {
-      out.push_back({t, std::exp(z[index(t)] - largest)});
+    for (const token_t t : candidates_.kept()) {
+      out.push_back({t, std::exp(candidates_.score(t) - largest)});
       total += out.back().probability;
     }
     for (auto& c : out) c.probability /= total;
     return out;
   }
 
-  // The next token: the argmax when greedy, else one draw from distribution().
-  template <class T>
-  token_t next(std::span<const T> logits) {
-    if (greedy()) return argmax(logits);
-    const auto candidates = distribution(logits);
-    const double u = rng_.uniform();
-    double cumulative = 0;
-    for (const auto& c : candidates) {
-      cumulative += c.probability;
-      if (u < cumulative) return c.token;
-    }
-    return candidates.back().token;  // u within rounding of 1
-  }
-
  private:
-  static std::size_t index(token_t t) { return static_cast<std::size_t>(t); }
-
-  static const sampling_options& checked(const sampling_options& o) {
-    constexpr std::string_view where = "token_sampler";
-    require(o.temperature >= 0 && std::isfinite(o.temperature), where, "temperature",
-            "a finite temperature >= 0 (0: greedy)", std::to_string(o.temperature));
-    require(o.top_k >= 0, where, "top_k", "a count >= 0 (0: no limit)", std::to_string(o.top_k));
-    require(o.top_p > 0 && o.top_p <= 1, where, "top_p", "a probability in (0, 1] (1: no limit)",
-            std::to_string(o.top_p));
-    return o;
+  static step_list steps_of(const sampling_options& o) {
+    step_list steps;
+    if (o.repetition_penalty != 1.0) steps.push_back(std::make_shared<repetition_penalty_step>(o.repetition_penalty));
+    if (o.presence_penalty != 0.0 || o.frequency_penalty != 0.0)
+      steps.push_back(std::make_shared<presence_frequency_penalty_step>(o.presence_penalty, o.frequency_penalty));
+    if (o.temperature == 0.0) return steps;  // greedy: transformers' warpers apply to sampling only
+    if (o.temperature != 1.0) steps.push_back(std::make_shared<temperature_step>(o.temperature));
+    if (o.top_k > 0) steps.push_back(std::make_shared<top_k_step>(o.top_k));
+    if (o.top_p < 1.0) steps.push_back(std::make_shared<top_p_step>(o.top_p));
+    if (o.min_p > 0.0) steps.push_back(std::make_shared<min_p_step>(o.min_p));
+    return steps;
   }
 
   template <class T>
-  static double finite_logit(std::span<const T> logits, std::size_t v) {
-    const double x = scalar_traits<T>::to_double(logits[v]);
-    require(std::isfinite(x), "token_sampler", "logits", "finite values",
-            [&] { return std::to_string(x) + " for token " + std::to_string(v); });
-    return x;
+  void run_chain(std::span<const T> logits) {
+    candidates_.assign(logits);
+    for (const auto& step : steps_) step->apply(candidates_, history_);
   }
 
-  template <class T>
-  static token_t argmax(std::span<const T> logits) {
-    require(!logits.empty(), "token_sampler", "logits", "a row of at least one logit", "an empty row");
-    std::size_t best = 0;
-    double best_value = finite_logit(logits, 0);
-    for (std::size_t v = 1; v < logits.size(); ++v)
-      if (const double x = finite_logit(logits, v); x > best_value) {
-        best = v;
-        best_value = x;
-      }
-    return static_cast<token_t>(best);
-  }
-
-  template <class T>
-  std::vector<double> scaled(std::span<const T> logits) const {
-    require(!logits.empty(), "token_sampler", "logits", "a row of at least one logit", "an empty row");
-    std::vector<double> z(logits.size());
-    for (std::size_t v = 0; v < z.size(); ++v) z[v] = finite_logit(logits, v) / options_.temperature;
-    return z;
-  }
-
-  // Every token whose scaled logit is at least the k-th largest.
-  void keep_top_k(const std::vector<double>& z, std::vector<token_t>& kept) const {
-    std::vector<double> values;
-    values.reserve(kept.size());
-    for (const token_t t : kept) values.push_back(z[index(t)]);
-    const auto k = static_cast<std::ptrdiff_t>(options_.top_k);
-    std::nth_element(values.begin(), values.begin() + (k - 1), values.end(), std::greater<>());
-    const double kth = values[static_cast<std::size_t>(k - 1)];
-    std::erase_if(kept, [&](token_t t) { return z[index(t)] < kth; });
-  }
-
-  // transformers' rule: in increasing probability, drop each token while the
-  // probability of it and all below it is at most 1 - p; the most likely stays.
-  void keep_top_p(const std::vector<double>& z, std::vector<token_t>& kept) const {
-    // Increasing logit; of equal ones the larger id first, so the smaller id is dropped last.
-    std::ranges::sort(kept, [&](token_t a, token_t b) {
-      return z[index(a)] < z[index(b)] || (z[index(a)] == z[index(b)] && a > b);
-    });
-    const double largest = z[index(kept.back())];
-    std::vector<double> weights(kept.size());
+  // u uniform in [0, 1) from the stream; the first candidate (in increasing
+  // id) whose cumulative weight exceeds u times the total.
+  token_t draw() {
+    const double largest = candidates_.largest_score();
+    auto& weights = candidates_.scratch();
+    weights.clear();
     double total = 0;
-    for (std::size_t i = 0; i < kept.size(); ++i) total += weights[i] = std::exp(z[index(kept[i])] - largest);
-    double below = 0;
-    std::size_t dropped = 0;
-    while (dropped + 1 < kept.size() && (below + weights[dropped]) / total <= 1.0 - options_.top_p)
-      below += weights[dropped++];
-    kept.erase(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(dropped));
+    for (const token_t t : candidates_.kept()) {
+      const double s = candidates_.score(t);
+      weights.push_back({t, s, std::exp(s - largest)});
+      total += weights.back().weight;
+    }
+    const double u = rng_.uniform() * total;
+    double cumulative = 0;
+    for (const auto& w : weights) {
+      cumulative += w.weight;
+      if (u < cumulative) return w.token;
+    }
+    return weights.back().token;  // u within rounding of the total
   }
 
   sampling_options options_;
+  step_list steps_;
+  bool draws_;
   random_stream rng_;
+  token_history history_;
+  candidate_set candidates_;
 };
 
 }  // namespace difftx

@@ -125,6 +125,39 @@ class KVCache {
     require(length >= 0, "KVCache::truncate", "length", "a length >= 0", std::to_string(length));
     for (auto& l : lengths_) l = std::min(l, length);
   }
+  // Only sequences kept[0] < kept[1] < ... stay, as sequences 0, 1, ...: the
+  // others leave the batch (a prompt whose generation ended). Their stored
+  // rows move into a cache of kept.size() sequences of the same capacity.
+  void keep_sequences(std::span<const index_t> kept) {
+    constexpr std::string_view where = "KVCache::keep_sequences";
+    require(!kept.empty(), where, "kept", "at least one sequence", "none");
+    for (std::size_t i = 0; i < kept.size(); ++i)
+      require(kept[i] >= 0 && kept[i] < shape_.batch && (i == 0 || kept[i] > kept[i - 1]), where, "kept",
+              [&] { return "increasing sequence indices in [0, " + std::to_string(shape_.batch) + ")"; },
+              [&] { return std::to_string(kept[i]) + " at " + std::to_string(i); });
+    if (static_cast<index_t>(kept.size()) == shape_.batch) return;
+    KVCacheShape shape = shape_;
+    shape.batch = static_cast<index_t>(kept.size());
+    KVCache smaller(shape, keys_.memory());
+    const auto move_rows = [&](auto& to, const auto& from) {  // [B, S, ...] tensors
+      const auto per_token = static_cast<std::size_t>(from.size() / (shape_.batch * shape_.capacity));
+      for (std::size_t i = 0; i < kept.size(); ++i)
+        keys_.memory().copy(to.data() + i * static_cast<std::size_t>(shape_.capacity) * per_token,
+                            from.data() + static_cast<std::size_t>(kept[i] * shape_.capacity) * per_token,
+                            static_cast<std::size_t>(length(kept[i])) * per_token * sizeof(*from.data()));
+    };
+    if (shape_.storage == inference_dtype::int8) {
+      move_rows(smaller.keys8_, keys8_);
+      move_rows(smaller.key_steps_, key_steps_);
+      move_rows(smaller.values8_, values8_);
+      move_rows(smaller.value_steps_, value_steps_);
+    } else {
+      move_rows(smaller.keys_, keys_);
+      move_rows(smaller.values_, values_);
+    }
+    for (std::size_t i = 0; i < kept.size(); ++i) smaller.lengths_[i] = length(kept[i]);
+    *this = std::move(smaller);
+  }
 
   // Appends T tokens to every sequence: k [B, T, G, Maps, d], v [B, T, G, dv].
   void append(cview<T, 5> k, cview<T, 4> v) {

@@ -1,0 +1,142 @@
+// The temperature and the truncations of a sampler chain
+// (generation/sampling_step.hpp), as transformers' TemperatureLogitsWarper,
+// TopKLogitsWarper, TopPLogitsWarper and MinPLogitsWarper compute them, without
+// sorting the vocabulary: top-k keeps a heap of k scores, top-p sorts only the
+// tokens whose band of probability reaches p, min-p compares with the largest.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <optional>
+
+#include "difftx/generation/sampling_step.hpp"
+
+namespace difftx {
+
+// Every candidate's score divided by the temperature (> 0).
+class temperature_step final : public sampling_step {
+ public:
+  explicit temperature_step(double temperature) : temperature_(temperature) {}
+  void apply(candidate_set& c, const token_history&) const override {
+    auto scores = c.scores();
+    for (const token_t t : c.kept()) scores[static_cast<std::size_t>(t)] /= temperature_;
+  }
+
+ private:
+  double temperature_;
+};
+
+// The candidates whose score is at least the k-th largest (ties at the k-th place all stay).
+class top_k_step final : public sampling_step {
+ public:
+  explicit top_k_step(index_t k) : k_(k) {}
+  void apply(candidate_set& c, const token_history&) const override {
+    const auto k = static_cast<std::size_t>(k_);
+    if (k_ <= 0 || k >= c.kept().size()) return;
+    // The k largest scores so far, smallest on top: most scores fail the first comparison.
+    auto& heap = c.scratch();
+    heap.clear();
+    const auto greater = [](const scored_token& a, const scored_token& b) { return a.score > b.score; };
+    for (const token_t t : c.kept()) {
+      const double s = c.score(t);
+      if (heap.size() < k) {
+        heap.push_back({t, s, 0.0});
+        std::push_heap(heap.begin(), heap.end(), greater);
+      } else if (s > heap.front().score) {
+        std::pop_heap(heap.begin(), heap.end(), greater);
+        heap.back() = {t, s, 0.0};
+        std::push_heap(heap.begin(), heap.end(), greater);
+      }
+    }
+    const double kth = heap.front().score;
+    c.keep_if([&](token_t t) { return c.score(t) >= kth; });
+  }
+
+ private:
+  index_t k_;
+};
+
+// transformers' nucleus rule: in decreasing probability (of equal ones the
+// smaller id first), a candidate stays while the probability of the
+// candidates before it is < p; the most likely always stays.
+class top_p_step final : public sampling_step {
+ public:
+  explicit top_p_step(double p) : p_(p) {}
+  void apply(candidate_set& c, const token_history&) const override {
+    if (p_ >= 1.0 || c.kept().size() == 1) return;
+    // Weights w = exp(score - largest) summed per band of a quarter unit of
+    // score below the largest: the rule ends in the band where the bands'
+    // mass from the top reaches p, so only the tokens down to it are sorted.
+    const double largest = c.largest_score();
+    const auto band_of = [largest](double s) {
+      return static_cast<std::size_t>(std::min(double(bands - 1), (largest - s) * bands_per_unit));
+    };
+    std::array<double, bands> mass{};
+    double total = 0;
+    for (const token_t t : c.kept()) {
+      const double w = std::exp(c.score(t) - largest);
+      total += w;
+      mass[band_of(c.score(t))] += w;
+    }
+    std::size_t last = 0;
+    for (double above = mass[0]; above < p_ * total && last + 1 < bands;) above += mass[++last];
+    // One band more: the bands' sums and the sorted sum round differently.
+    auto kept = sorted_down_to(c, std::min(last + 1, bands - 1), band_of, largest, total);
+    if (!kept) kept = sorted_down_to(c, bands - 1, band_of, largest, total);
+    const scored_token boundary = c.scratch()[*kept - 1];
+    c.keep_if([&](token_t t) {
+      const double s = c.score(t);
+      return s > boundary.score || (s == boundary.score && t <= boundary.token);
+    });
+  }
+
+ private:
+  static constexpr std::size_t bands = 256;
+  static constexpr double bands_per_unit = 4;
+
+  // The candidates of bands 0..last sorted into scratch (decreasing score,
+  // then increasing id), and how many of them the rule keeps; none where the
+  // rule would go on past them (never when last is the lowest band: all are there).
+  template <class BandOf>
+  std::optional<std::size_t> sorted_down_to(candidate_set& c, std::size_t last, const BandOf& band_of, double largest,
+                                            double total) const {
+    auto& top = c.scratch();
+    top.clear();
+    for (const token_t t : c.kept())
+      if (band_of(c.score(t)) <= last) top.push_back({t, c.score(t), std::exp(c.score(t) - largest)});
+    std::ranges::sort(top, [](const scored_token& a, const scored_token& b) {
+      return a.score > b.score || (a.score == b.score && a.token < b.token);
+    });
+    double before = 0;
+    for (std::size_t n = 0; n < top.size(); ++n) {
+      if (n > 0 && before / total >= p_) return n;
+      before += top[n].weight;
+    }
+    return last + 1 == bands ? std::optional<std::size_t>(top.size()) : std::nullopt;
+  }
+
+  double p_;
+};
+
+// The candidates at least min_p times as likely as the most likely one:
+// exp(score - largest) >= min_p.
+class min_p_step final : public sampling_step {
+ public:
+  explicit min_p_step(double min_p) : min_p_(min_p) {}
+  void apply(candidate_set& c, const token_history&) const override {
+    if (min_p_ <= 0) return;
+    const double largest = c.largest_score();
+    // Scores below this are surely under min_p (exp is within an ulp): no exp for them.
+    const double surely_below = largest + std::log(min_p_) - 1e-6;
+    c.keep_if([&](token_t t) {
+      const double s = c.score(t);
+      return s >= surely_below && std::exp(s - largest) >= min_p_;
+    });
+  }
+
+ private:
+  double min_p_;
+};
+
+}  // namespace difftx
