@@ -1,6 +1,7 @@
 // difftx bench: what it reports (medians, tokens/s, GFLOP/s, --json's fields),
-// the FLOPs it counts (by hand on small shapes, V1 and V2), the path of
-// bfloat16 products, and the low-bit flags it and run take.
+// the FLOPs it counts (by hand on small shapes, V1 and V2), the kernels that
+// ran (against policy::simd's own report), the policy flags every command
+// shares, and the low-bit flags it and run take.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -8,10 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include <difftx/policy/simd/bf16_product.hpp>
-#include <difftx/policy/simd/tag.hpp>
-
 #include "support/cli_fixtures.hpp"
+#include "support/simd_kernels.hpp"
 
 using namespace cli_fixtures;  // difftx, the fixtures, test_support's tool runners
 
@@ -51,44 +50,71 @@ TEST_CASE("cli: bench prints medians, tokens/s and GFLOP/s, and --json the promi
         std::string::npos);
 }
 
-TEST_CASE("cli: bench names the path of bfloat16 products, and --bf16-product chooses it") {
-  // On difftx's own products (--matmul difftx): where oneDNN takes them, its kernel is named instead (below).
-  auto detail = [](const std::string& dtype, const std::string& product, const std::string& matmul = "difftx") {
-    const auto r = difftx_cli("bench --module swiglu --batch 1 --seq 8 --d-model 16 --json --repeats 1 --policy simd "
-                              "--dtype " + dtype + " --bf16-product " + product + " --matmul " + matmul);
-    REQUIRE(r.code == 0);
-    return nlohmann::json::parse(r.out).at("policy_detail").get<std::string>();
+// The kernels bench reports are the ones policy::simd says it runs on this CPU
+// (support/simd_kernels.hpp), for every choice its flags make: so the same
+// expectation holds on an AMX Xeon, a Zen 4 and a Zen 3, and under
+// ONEDNN_MAX_CPU_ISA (.ci/run runs this suite again with oneDNN capped).
+TEST_CASE("cli: bench --json reports the kernels policy::simd runs here, for each choice of its flags") {
+  using library = policy::simd::matmul_library;
+  using path = policy::bf16_product;
+  const std::pair<std::string, library> matmuls[] = {
+      {"automatic", library::automatic}, {"difftx", library::difftx}, {"onednn", library::onednn}};
+  const std::pair<std::string, path> products[] = {
+      {"automatic", path::automatic}, {"converting", path::converting}, {"dot_instructions", path::dot_instructions}};
+  auto check = [](const nlohmann::json& j, const test_support::simd_kernels& expected) {
+    CHECK(j.at("product_kernel") == expected.products);
+    CHECK(j.at("score_tile_kernel") == expected.score_tiles);
+    CHECK(j.at("amx_tiles") == expected.amx_tiles);
+    // The policy column says "amx tiles" exactly where they ran, after the products' kernel where it is not plain.
+    const auto detail = j.at("policy_detail").get<std::string>();
+    CHECK((detail.find(", amx tiles)") != std::string::npos) == expected.amx_tiles);
+    if (expected.products != "difftx") CHECK(detail.find(expected.products) != std::string::npos);
   };
-  auto ends_with = [](const std::string& s, const std::string& end) {
-    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
-  };
-  CHECK(ends_with(detail("bfloat16", "converting"), ", converting)"));
-  // Forced onto the instruction: it runs where the CPU has it, else the converting product does.
-  CHECK(ends_with(detail("bfloat16", "dot_instructions"),
-                  simd_detail::bf16_pair_instructions() ? ", vdpbf16ps)" : ", converting)"));
-  const auto float_detail = detail("float32", "converting");  // no such choice for float
-  CHECK(float_detail.find("converting") == std::string::npos);
-  CHECK(float_detail.find("vdpbf16ps") == std::string::npos);
-  expect_usage_error("bench --module swiglu --batch 1 --seq 8 --d-model 16 --bf16-product fast", {"--bf16-product", "fast"});
-  // --matmul onednn: oneDNN's kernel named where this build has it, difftx's path otherwise.
-#if defined(DIFFTX_ONEDNN)
-  CHECK(detail("float32", "automatic", "onednn").find("onednn ") != std::string::npos);
-  CHECK(detail("bfloat16", "automatic", "onednn").find("onednn ") != std::string::npos);
-#else
-  CHECK(detail("float32", "automatic", "onednn").find("onednn") == std::string::npos);
-#endif
-  expect_usage_error("bench --module swiglu --batch 1 --seq 8 --d-model 16 --matmul mkl", {"--matmul", "mkl"});
+  for (const auto& [matmul, library_choice] : matmuls)
+    for (const bool amx : {false, true}) {
+      const std::string flags = "--module multihead --batch 1 --seq 70 --d-model 32 --heads 2 --policy simd --matmul " +
+                                matmul + (amx ? " --amx" : "");
+      const policy::simd p{.matmuls = library_choice, .amx_tiles = amx};
+      INFO(flags);
+      check(json(flags + " --dtype float32"), test_support::simd_kernels_of<float>(p));
+      check(json(flags + " --dtype float16"), test_support::simd_kernels_of<Eigen::half>(p));
+      check(json(flags + " --dtype float32 --qk-dtype int8"),
+            test_support::simd_kernels_of<float>(p, logits_unquantized, inference_dtype::int8));
+      for (const auto& [product, path_choice] : products) {
+        INFO("--bf16-product " << product);
+        policy::simd with_path = p;
+        with_path.bf16_products = path_choice;
+        check(json(flags + " --dtype bfloat16 --bf16-product " + product),
+              test_support::simd_kernels_of<Eigen::bfloat16>(with_path));
+        check(json(flags + " --dtype bfloat16 --logit-bits 6 --bf16-product " + product),
+              test_support::simd_kernels_of<Eigen::bfloat16>(with_path, 6));
+      }
+    }
+  // Off by default, on every CPU; forced, converting is difftx's own bfloat16 product everywhere.
+  const auto plain = json("--module swiglu --batch 1 --seq 8 --d-model 16 --policy simd --dtype bfloat16 "
+                          "--bf16-product converting --matmul difftx");
+  CHECK(plain.at("amx_tiles") == false);
+  CHECK(plain.at("product_kernel") == "converting");
+  CHECK(plain.at("score_tile_kernel").is_null());  // no attention in swiglu
+  // The reference policy makes none of these choices.
+  const auto reference = json("--module multihead --batch 1 --seq 4 --d-model 16 --heads 2 --policy reference");
+  CHECK(reference.at("product_kernel").is_null());
+  CHECK(reference.at("score_tile_kernel").is_null());
+  CHECK(reference.at("amx_tiles") == false);
 }
 
-TEST_CASE("cli: bench --amx runs the attention tiles on AMX where the CPU grants them, and says so") {
-  auto detail = [](const std::string& amx) {
-    const auto r = difftx_cli("bench --module multihead --batch 1 --seq 70 --d-model 32 --heads 2 --json --repeats 1 "
-                              "--policy simd --dtype bfloat16" + amx);
-    REQUIRE(r.code == 0);
-    return nlohmann::json::parse(r.out).at("policy_detail").get<std::string>();
-  };
-  CHECK(detail("").find("amx") == std::string::npos);  // off by default
-  CHECK((detail(" --amx").find("amx tiles") != std::string::npos) == difftx::policy::simd{.amx_tiles = true}.amx_tiles_used());
+TEST_CASE("cli: every command takes the policy flags once, and refuses a value that is not one of a flag's names") {
+  const std::string module = "bench --module swiglu --batch 1 --seq 8 --d-model 16";
+  const std::string model = " --model " + (data_dir / "hf" / "gqa").string();
+  for (const std::string& command : {module, "run" + model + " --tokens x.npy --output y.npy",
+                                    "generate" + model + " --prompt 1,2", std::string("check")}) {
+    expect_usage_error(command + " --bf16-product fast", {"--bf16-product", "fast"});
+    expect_usage_error(command + " --matmul mkl", {"--matmul", "mkl"});
+    expect_usage_error(command + " --cuda-attention flash", {"--cuda-attention", "flash"});
+    expect_usage_error(command + " --threads 0", {"--threads", "0"});
+  }
+  // --packed-weights is the language models' (bench --model, generate, run --model).
+  expect_usage_error(module + " --packed-weights", {"--packed-weights", "--model"});
 }
 
 TEST_CASE("cli: bench counts FLOPs as documented (checked by hand on small shapes)") {
@@ -119,7 +145,6 @@ TEST_CASE("cli v2: bench times both V2 kinds, with --baseline and --decode, and 
         CHECK(j.at("module") == module);
         CHECK(j.at("differential") == (*baseline == '\0'));
         CHECK(j.at("head_dim") == 8);  // C / h
-        CHECK(j.at("head_dim_compiled") == false);  // V2 runs on the run-time head size
         CHECK(j.at("forward_backward_ms").get<double>() > 0);
       }
   const auto decode = json("--module decoder_layer_v2 --batch 2 --context 8 --d-model 16 --heads 2 --kv-heads 1 --decode");
@@ -129,9 +154,9 @@ TEST_CASE("cli v2: bench times both V2 kinds, with --baseline and --decode, and 
             .get<double>() > 0);
   // g may divide the 2h query heads without dividing h.
   CHECK(json("--module multihead_v2 --batch 1 --seq 4 --d-model 16 --heads 1 --kv-heads 2").at("kv_heads") == 2);
-  // D = 64 has its own instantiation for the V1 kinds; V2 runs it on the run-time one.
-  CHECK(json("--module multihead_v2 --batch 1 --seq 4 --d-model 128 --heads 2").at("head_dim_compiled") == false);
-  CHECK(json("--module multihead --batch 1 --seq 4 --d-model 256 --heads 2").at("head_dim_compiled") == true);
+  // The usual head sizes run on the run-time instantiation like any other (V1's half head 64, V2's head 64).
+  CHECK(json("--module multihead_v2 --batch 1 --seq 4 --d-model 128 --heads 2").at("head_dim") == 64);
+  CHECK(json("--module multihead --batch 1 --seq 4 --d-model 256 --heads 2").at("head_dim") == 64);
 
   auto flops = [&](const std::string& args) {
     const auto j = json("--batch 1 --seq 4 --d-model 8 --backward " + args);

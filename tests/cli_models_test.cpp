@@ -19,6 +19,7 @@
 #include <difftx/io/mapped_safetensors.hpp>
 
 #include "support/cli_fixtures.hpp"
+#include "support/simd_kernels.hpp"
 
 using namespace cli_fixtures;  // difftx, the fixtures, test_support's tool runners
 
@@ -343,20 +344,18 @@ TEST_CASE("cli models: generate and bench --model take int8 weights and an int8 
   for (const char* field : {"weights_read_per_token_bytes", "cache_read_per_token_bytes", "read_GBps",
                             "decode_share_of_bound", "decode_share_of_weights_bound"})
     CHECK(j.at(field).is_null());  // int8 weights: decoding reads their int8 copy, not the parameters' bytes
-  // The policy column names what the int8 products of many rows ran on: oneDNN's int8 kernel where forced
-  // (and this build has it), never under --matmul difftx.
-  auto detail = [&](const std::string& matmul) {
+  // bench --json names what the int8 products of many rows ran on: what policy::simd says its int8 products
+  // run on here (oneDNN's int8 kernel where forced and exact on this CPU; difftx's own otherwise).
+  for (const auto& [matmul, library] : {std::pair{std::string("onednn"), policy::simd::matmul_library::onednn},
+                                        std::pair{std::string("difftx"), policy::simd::matmul_library::difftx}}) {
     const auto b = difftx_cli("bench --model " + q(hf_data / "gqa") +
                               " --seq 6 --new-tokens 1 --repeats 1 --weights-dtype int8 --json --policy simd --matmul " +
                               matmul);
-    INFO("stderr: " << b.err);
+    INFO("--matmul " << matmul << "; stderr: " << b.err);
     REQUIRE(b.code == 0);
-    return nlohmann::json::parse(b.out).at("policy_detail").get<std::string>();
-  };
-#if defined(DIFFTX_ONEDNN)
-  CHECK(detail("onednn").find("onednn ") != std::string::npos);
-#endif
-  CHECK(detail("difftx").find("onednn") == std::string::npos);
+    const auto expected = test_support::simd_kernels_of<float, std::int8_t>(policy::simd{.matmuls = library});
+    CHECK(nlohmann::json::parse(b.out).at("product_kernel") == expected.products);
+  }
   expect_usage_error(generate + " --kv-dtype int4", {"--kv-dtype", "int4"});
 }
 

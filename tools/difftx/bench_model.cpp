@@ -36,6 +36,7 @@ namespace {
 
 struct model_timing {
   std::string policy, description;
+  kernel_report kernels;
   int threads = 1;
   double prefill_ms = 0, decode_ms_per_token = 0;
   // The bound (none with int8 weights): the weights' bytes read per step and
@@ -71,10 +72,6 @@ void bench_model(const model_bench_options& o) {
   const auto type = *io::parse_dtype_name(o.dtype);
   const model_source source(o.model, o.flags);
   auto spec = source.spec();
-  spec.bf16_product = o.bf16_product;
-  spec.matmuls = o.matmuls;
-  spec.amx_tiles = o.amx_tiles;
-  spec.packed_weights = o.packed_weights;
   spec.weights = storage_of(o.weights_dtype);
   spec.kv_cache = storage_of(o.kv_dtype);
   spec.decodes = true;
@@ -93,9 +90,10 @@ void bench_model(const model_bench_options& o) {
 
   std::vector<model_timing> rows;
   for (const auto& policy : o.policies) {
-    const auto model = make_language_model_runner(spec, policy, type);
+    const auto model = make_language_model_runner(spec, policy, type, o.computing);
     source.load_into(*model);
-    model_timing row{policy, policy_description(policy, model->product_kernel()), model->threads()};
+    const auto kernels = model->kernels();
+    model_timing row{policy, policy_description(policy, kernels.detail()), kernels, model->threads()};
     const auto weights = model->weights_read_per_token();
     for (const auto& w : weights) row.weight_bytes += static_cast<double>(w.size());
     std::vector<double> prefill, decode, cache_bytes, reads, shares, weight_shares;
@@ -138,35 +136,37 @@ void bench_model(const model_bench_options& o) {
 
   const auto& a = spec.first().attention;
   if (o.json) {
-    for (const auto& row : rows)
-      std::printf("%s\n", nlohmann::json{{"model", o.model}, {"model_kind", source.kind()},
-                                         {"layers", spec.layers.size()}, {"vocab_size", spec.model.vocab_size},
-                                         {"d_model", a.d_model}, {"heads", a.heads}, {"kv_heads", a.kv_heads},
-                                         {"head_dim", a.head_dim}, {"ffn_dim", spec.first().ffn_dim},
-                                         {"policy", row.policy}, {"policy_detail", row.description},
-                                         {"dtype", o.dtype}, {"weights_dtype", o.weights_dtype},
-                                         {"kv_dtype", o.kv_dtype}, {"packed_weights", o.packed_weights}, {"threads", row.threads}, {"repeats", o.repeats},
-                                         {"prompt_tokens", o.prompt_tokens}, {"new_tokens", o.new_tokens},
-                                         {"prefill_ms", row.prefill_ms}, {"prefill_flops", prefill_flops},
-                                         {"prefill_GFLOPs", prefill_flops / row.prefill_ms / 1e6},
-                                         {"prefill_tokens_per_s", double(o.prompt_tokens) / row.prefill_ms * 1e3},
-                                         {"decode_ms_per_token", row.decode_ms_per_token},
-                                         {"decode_tokens_per_s", 1e3 / row.decode_ms_per_token},
-                                         {"weights_read_per_token_bytes", bound_value(row, row.weight_bytes)},
-                                         {"cache_read_per_token_bytes", bound_value(row, row.cache_bytes)},
-                                         {"bound_read_ms", bound_value(row, row.read_ms)},
-                                         {"read_GBps", bound_value(row, (row.weight_bytes + row.cache_bytes) / row.read_ms / 1e6)},
-                                         {"decode_share_of_bound", bound_value(row, row.bound_share)},
-                                         {"decode_share_of_weights_bound", bound_value(row, row.weights_bound_share)}}
-                                  .dump()
-                                  .c_str());
+    for (const auto& row : rows) {
+      nlohmann::json j{{"model", o.model}, {"model_kind", source.kind()},
+                       {"layers", spec.layers.size()}, {"vocab_size", spec.model.vocab_size},
+                       {"d_model", a.d_model}, {"heads", a.heads}, {"kv_heads", a.kv_heads},
+                       {"head_dim", a.head_dim}, {"ffn_dim", spec.first().ffn_dim},
+                       {"policy", row.policy}, {"policy_detail", row.description},
+                       {"dtype", o.dtype}, {"weights_dtype", o.weights_dtype},
+                       {"kv_dtype", o.kv_dtype}, {"packed_weights", o.computing.packed_weights},
+                       {"threads", row.threads}, {"repeats", o.repeats},
+                       {"prompt_tokens", o.prompt_tokens}, {"new_tokens", o.new_tokens},
+                       {"prefill_ms", row.prefill_ms}, {"prefill_flops", prefill_flops},
+                       {"prefill_GFLOPs", prefill_flops / row.prefill_ms / 1e6},
+                       {"prefill_tokens_per_s", double(o.prompt_tokens) / row.prefill_ms * 1e3},
+                       {"decode_ms_per_token", row.decode_ms_per_token},
+                       {"decode_tokens_per_s", 1e3 / row.decode_ms_per_token},
+                       {"weights_read_per_token_bytes", bound_value(row, row.weight_bytes)},
+                       {"cache_read_per_token_bytes", bound_value(row, row.cache_bytes)},
+                       {"bound_read_ms", bound_value(row, row.read_ms)},
+                       {"read_GBps", bound_value(row, (row.weight_bytes + row.cache_bytes) / row.read_ms / 1e6)},
+                       {"decode_share_of_bound", bound_value(row, row.bound_share)},
+                       {"decode_share_of_weights_bound", bound_value(row, row.weights_bound_share)}};
+      add_kernel_fields(j, row.kernels);
+      std::printf("%s\n", j.dump().c_str());
+    }
     return;
   }
   std::printf("difftx bench --model: %s (%s), %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td, %s "
               "(weights %s%s, KV cache %s); prompt of %td tokens, then %td decode steps; median of %d runs after a warm-up\n",
               o.model.c_str(), source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads,
               a.kv_heads, a.head_dim, spec.first().ffn_dim, o.dtype.c_str(), o.weights_dtype.c_str(),
-              o.packed_weights ? ", the layers' packed for oneDNN" : "", o.kv_dtype.c_str(),
+              o.computing.packed_weights ? ", the layers' packed for oneDNN" : "", o.kv_dtype.c_str(),
               o.prompt_tokens, o.new_tokens, o.repeats);
   std::printf("%-34s %7s %12s %16s %15s %15s %16s %10s %9s %10s\n", "policy", "threads", "prefill ms",
               "prefill tokens/s", "prefill GFLOP/s", "decode ms/token", "decode tokens/s", "read GB/s", "of bound",

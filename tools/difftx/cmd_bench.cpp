@@ -32,12 +32,8 @@ struct bench_options {
   bool no_causal = false, backward = false, json = false, decode = false;
   bool baseline = false;  // V2 kinds: differential off
   index_t context = 0;
-  int repeats = 10, threads = 0;
-  std::string bf16_product = "automatic";  // module_spec::bf16_product
-  std::string matmuls = "automatic";       // module_spec::matmuls
-  bool amx = false;                        // module_spec::amx_tiles
-  bool packed_weights = false;             // --model: language_model_spec::packed_weights
-  std::string cuda_attention = module_spec{}.cuda_attention;
+  int repeats = 10;
+  policy_options computing;  // --threads, --bf16-product, --matmul, --amx, --cuda-attention, --packed-weights
   std::string model;  // --model: a language model's prefill and decode instead
   index_t new_tokens = 32;
   int logit_bits = 16;                                  // low-bit inference (low_bit_options.cpp)
@@ -66,9 +62,7 @@ module_spec bench_spec(const bench_options& o) {
       {.kind = &kind,
        .attention = {.d_model = o.d_model, .heads = o.heads, .kv_heads = o.kv_heads, .causal = !o.no_causal,
                      .head_dim = o.head_dim, .logit_bits = o.logit_bits, .qk_dtype = storage_of(o.qk_dtype)},
-       .ffn_dim = o.ffn_dim, .differential = !o.baseline, .threads = o.threads, .bf16_product = o.bf16_product,
-       .matmuls = o.matmuls, .amx_tiles = o.amx,
-       .cuda_attention = o.cuda_attention});
+       .ffn_dim = o.ffn_dim, .differential = !o.baseline});
   check_config(spec, "bench");
   return spec;
 }
@@ -76,22 +70,20 @@ module_spec bench_spec(const bench_options& o) {
 // One policy's timings.
 struct bench_row {
   std::string policy, description;  // "simd", "simd (fma3+avx2)", "simd (avx512bw, vdpbf16ps)"
+  kernel_report kernels;
   int threads = 1;
-  bool compiled_head_dim = false;  // D has its own instantiation on this policy
   double forward_ms = 0, both_ms = 0;
   double decode_ms = 0;  // --decode: one decode step
 };
 
 bench_row time_policy(const bench_options& o, const module_spec& spec, const std::string& policy, io::dtype type,
                       const io::stored_tensor& input) {
-  auto module = make_runner(spec, policy, type);
+  auto module = make_runner(spec, policy, type, o.computing);
   module->set_input(input, "random input");
   module->set_grad_output(input, "random grad_output");
-  bench_row row{.policy = policy, .description = policy_description(policy, module->product_kernel()),
+  const auto kernels = module->kernels();
+  bench_row row{.policy = policy, .description = policy_description(policy, kernels.detail()), .kernels = kernels,
                 .threads = module->threads()};
-  const auto compiled = compiled_head_dims(policy);
-  row.compiled_head_dim = spec.kind->compiled_head_dims() &&
-                          std::find(compiled.begin(), compiled.end(), spec.attention.head_dim) != compiled.end();
   if (o.decode) {
     module->prepare_decode(storage_of(o.weights_dtype), storage_of(o.kv_dtype));
     row.decode_ms = median_ms(*module, o.repeats, [&] { module->decode_step(); });
@@ -136,6 +128,7 @@ void print_decode(const bench_options& o, const module_spec& spec, const std::ve
         j.update({{"heads", spec.attention.heads}, {"kv_heads", spec.attention.kv_heads},
                   {"head_dim", spec.attention.head_dim}});
       if (spec.kind->v2()) j["differential"] = spec.differential;
+      add_kernel_fields(j, row.kernels);
       std::printf("%s\n", j.dump().c_str());
     }
     return;
@@ -191,9 +184,10 @@ void bench(const bench_options& o) {
                        {"forward_speedup_vs_first", rows.front().forward_ms / row.forward_ms}};
       if (spec.kind->has_attention())
         j.update({{"heads", spec.attention.heads}, {"kv_heads", spec.attention.kv_heads},
-                  {"head_dim", spec.attention.head_dim}, {"head_dim_compiled", row.compiled_head_dim},
+                  {"head_dim", spec.attention.head_dim},
                   {"causal", spec.attention.causal}});
       if (spec.kind->v2()) j["differential"] = spec.differential;
+      add_kernel_fields(j, row.kernels);
       if (spec.ffn_dim) j["ffn_dim"] = spec.ffn_dim;
       if (o.backward)
         j.update({{"forward_backward_ms", row.both_ms}, {"forward_backward_tokens_per_s", tokens / row.both_ms * 1e3},
@@ -234,29 +228,7 @@ void add_bench_command(CLI::App& app) {
   auto* module = add_module_option(*cmd, o->module);
   add_policies_option(*cmd, o->policies);
   add_dtype_option(*cmd, o->dtype);
-  add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
-  cmd->add_option("--bf16-product", o->bf16_product,
-                  "simd, bfloat16: what the matrix products run on; automatic takes the CPU's bfloat16 dot-product "
-                  "instruction (vdpbf16ps) where it was measured faster than converting to float (AMD Zen 4 and "
-                  "later), converting and dot_instructions force one (the policy column names the one that ran)")
-      ->check(CLI::IsMember({"automatic", "converting", "dot_instructions"}))
-      ->capture_default_str();
-  cmd->add_option("--matmul", o->matmuls,
-                  "simd: who multiplies products of many rows (prefill, training); automatic takes oneDNN's matmul "
-                  "where this build has it and it was measured faster (float32, bfloat16, int8 weights), difftx and onednn force "
-                  "one (the policy column names oneDNN's kernel when it ran)")
-      ->check(CLI::IsMember({"automatic", "difftx", "onednn"}))
-      ->capture_default_str();
-  cmd->add_flag("--amx", o->amx,
-                "simd: AMX tiles in the attention's score tiles (bfloat16, and int8 Q·Kᵀ), off by default until they "
-                "have run on an AMX CPU; where this CPU or OS has no AMX the AVX-512 kernels run (the policy column says "
-                "\"amx tiles\" when they ran)");
-  cmd->add_option("--cuda-attention", o->cuda_attention,
-                  "cuda: whose attention kernels run: difftx's own, or cuDNN's fused attention where it applies "
-                  "(float16/bfloat16, sm_80 and newer; difftx's elsewhere) in a build with cuDNN; the policy column "
-                  "counts what ran")
-      ->check(CLI::IsMember({"difftx", "cudnn"}))
-      ->capture_default_str();
+  const auto computing = add_policy_options(*cmd, o->computing, "OMP_NUM_THREADS or every core", true);
   auto* batch = cmd->add_option("--batch", o->batch, "batch size B")->check(count_in(1));
   auto* seq = cmd->add_option("--seq", o->seq, "sequence length N (needed unless --decode; --model: the prompt, "
                                                "default 128)")->check(count_in(1));
@@ -270,10 +242,7 @@ void add_bench_command(CLI::App& app) {
                          ->capture_default_str();
   model->excludes(module)->excludes(batch)->excludes(d_model);
   new_tokens->needs(model);
-  cmd->add_flag("--packed-weights", o->packed_weights,
-                "--model, simd: the layers' weights also in oneDNN's packed layout, which a prompt's products then "
-                "read (a second copy of them; nothing where oneDNN does not take the products)")
-      ->needs(model);
+  computing.packed_weights->needs(model);
   auto* heads = cmd->add_option("--heads", o->heads,
                   "heads h (attention: H; V2: h output heads, 2h query heads); needed except for rmsnorm and swiglu")
       ->check(count_in(1));
@@ -324,11 +293,9 @@ void add_bench_command(CLI::App& app) {
       if (storage->count() && !o->decode && o->model.empty())
         throw CLI::ValidationError(storage->get_name(), "applies to --decode or --model (the decode of a cache)");
     if (!o->model.empty())
-      return bench_model({.model = o->model, .dtype = o->dtype, .policies = o->policies, .bf16_product = o->bf16_product,
-                          .matmuls = o->matmuls, .amx_tiles = o->amx, .packed_weights = o->packed_weights,
+      return bench_model({.model = o->model, .dtype = o->dtype, .policies = o->policies, .computing = o->computing,
                           .weights_dtype = o->weights_dtype, .kv_dtype = o->kv_dtype,
-                          .flags = {.heads = heads->count() ? o->heads : 0, .kv_heads = kv_heads->count() ? o->kv_heads : 0,
-                                    .threads = o->threads},
+                          .flags = {.heads = heads->count() ? o->heads : 0, .kv_heads = kv_heads->count() ? o->kv_heads : 0},
                           .prompt_tokens = o->seq ? o->seq : 128, .new_tokens = o->new_tokens, .repeats = o->repeats,
                           .json = o->json});
     for (const auto& [name, missing] : {std::pair{"--module", o->module.empty()}, {"--batch", o->batch == 0},

@@ -28,11 +28,11 @@ constexpr io::dtype types[] = {io::dtype::f64, io::dtype::f32, io::dtype::bf16, 
 // The check's modules, one per row of the table (and V2's baseline beside
 // V2): small, grouped heads, a layer index > 0 so lambda_init is not the
 // default; the standard attention with H = 2h heads of size D, the matched baseline.
-std::vector<module_spec> check_modules(index_t head_dim, int threads) {
+std::vector<module_spec> check_modules(index_t head_dim) {
   std::vector<module_spec> specs;
   for (const auto& kind : module_kinds) {
     module_spec spec{.kind = &kind, .attention = {.d_model = 16, .heads = 2, .kv_heads = 1, .head_dim = head_dim},
-                     .layer_index = 1, .ffn_dim = 24, .threads = threads};
+                     .layer_index = 1, .ffn_dim = 24};
     if (kind.attention == attention_kind::standard) {
       spec.attention.heads = 4;
       spec.attention.kv_heads = 2;
@@ -175,7 +175,8 @@ std::string scientific(double v) {
   return text;
 }
 
-int check(int threads) {
+int check(const policy_options& computing) {
+  const int threads = computing.threads;
   const auto policies = built_policy_names();
   std::printf("difftx check: every module on x [%td, %td, 16] with random weights, policies built: ", batch, seq);
   for (const auto& p : policies) std::printf("%s%s", policy_description(p).c_str(), &p == &policies.back() ? "\n" : ", ");
@@ -206,8 +207,8 @@ int check(int threads) {
       skipped.push_back(policy + ": " + reason);
       continue;
     }
-    for (const auto& spec : check_modules(check_head_dim, threads)) {
-      auto reference = make_runner(spec, "reference", io::dtype::f64);
+    for (const auto& spec : check_modules(check_head_dim)) {
+      auto reference = make_runner(spec, "reference", io::dtype::f64, computing);
       const auto weights = random_weights(*reference, rng);
       const std::vector<index_t> shape{batch, seq, spec.d_model()};
       const auto x = normal_values(batch * seq * spec.d_model(), rng), dy = normal_values(x.size(), rng);
@@ -220,7 +221,7 @@ int check(int threads) {
           const auto typed_weights = as_type(weights, type);
           const auto typed_x = io::stored_tensor::from_values(type, shape, x);
           const auto typed_dy = io::stored_tensor::from_values(type, shape, dy);
-          auto module = make_runner(spec, policy, type);
+          auto module = make_runner(spec, policy, type, computing);
           const auto ours = forward_backward(*module, typed_weights, typed_x, typed_dy);
           bool ok = true;
           if (type == io::dtype::f64) {
@@ -268,10 +269,10 @@ void add_check_command(CLI::App& app) {
       exit_codes_help);
   // One thread by default: at these sizes threads only add overhead, and on a
   // busy machine OpenMP's spinning makes a 3-second check take minutes.
-  auto threads = std::make_shared<int>(1);
-  add_threads_option(*cmd, *threads, "1");
-  cmd->callback([threads] {
-    if (const int status = check(*threads); status != 0) throw CLI::RuntimeError(status);
+  auto computing = std::make_shared<policy_options>(policy_options{.threads = 1});
+  add_policy_options(*cmd, *computing, "1", false);
+  cmd->callback([computing] {
+    if (const int status = check(*computing); status != 0) throw CLI::RuntimeError(status);
   });
 }
 

@@ -35,7 +35,7 @@ struct generate_options {
   bool json = false;
   std::string dtype, policy;
   std::string weights_dtype = "same", kv_dtype = "same";  // low-bit inference (low_bit_options.cpp)
-  bool packed_weights = false;  // language_model_spec::packed_weights
+  policy_options computing;  // --threads, --bf16-product, --matmul, --amx, --cuda-attention, --packed-weights
 };
 
 void require_prompt_in_vocabulary(const std::vector<token_t>& prompt, index_t vocab_size, const std::string& model) {
@@ -97,10 +97,11 @@ void generate(const generate_options& o) {
   spec.weights = storage_of(o.weights_dtype);
   spec.kv_cache = storage_of(o.kv_dtype);
   spec.decodes = true;
-  spec.packed_weights = o.packed_weights;
   require_prompt_in_vocabulary(prompt, spec.model.vocab_size, o.model);
-  const auto model = make_language_model_runner(spec, o.policy, type);
+  const auto model = make_language_model_runner(spec, o.policy, type, o.computing);
   source.load_into(*model);
+  const auto kernels = model->kernels();
+  const auto policy_detail = policy_description(o.policy, kernels.detail());
 
   const auto prompt_tokens = static_cast<index_t>(prompt.size());
   const generation_options options{.max_new_tokens = o.max_new_tokens,
@@ -112,8 +113,8 @@ void generate(const generate_options& o) {
     std::printf("difftx generate: %s, %zu layers, V = %td, C = %td, h = %td, g = %td, D = %td, F = %td; %s, %s "
                 "(weights %s%s, KV cache %s), %d thread%s\n",
                 source.kind().c_str(), spec.layers.size(), spec.model.vocab_size, a.d_model, a.heads, a.kv_heads,
-                a.head_dim, l.ffn_dim, policy_description(o.policy, model->product_kernel()).c_str(), o.dtype.c_str(),
-                o.weights_dtype.c_str(), o.packed_weights ? ", the layers' packed for oneDNN" : "", o.kv_dtype.c_str(),
+                a.head_dim, l.ffn_dim, policy_detail.c_str(), o.dtype.c_str(), o.weights_dtype.c_str(),
+                o.computing.packed_weights ? ", the layers' packed for oneDNN" : "", o.kv_dtype.c_str(),
                 model->threads(), model->threads() == 1 ? "" : "s");
   if (tokenizer && !o.json) std::printf("prompt: %s\n", joined_ids(prompt).c_str());
   if (tokenizer && !o.json) std::printf("text: ");
@@ -142,10 +143,10 @@ void generate(const generate_options& o) {
                      {"decode_ms", decode_ms}, {"model", o.model}, {"model_kind", source.kind()},
                      {"layers", spec.layers.size()}, {"vocab_size", spec.model.vocab_size},
                      {"d_model", a.d_model}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
-                     {"ffn_dim", l.ffn_dim}, {"policy", o.policy}, {"policy_detail", policy_description(o.policy, model->product_kernel())},
+                     {"ffn_dim", l.ffn_dim}, {"policy", o.policy}, {"policy_detail", policy_detail},
                      {"dtype", o.dtype}, {"weights_dtype", o.weights_dtype}, {"kv_dtype", o.kv_dtype},
-                     {"packed_weights", o.packed_weights},
-                     {"threads", model->threads()}};
+                     {"packed_weights", o.computing.packed_weights}, {"threads", model->threads()}};
+    add_kernel_fields(j, kernels);
     j["decode_ms_per_token"] = steps > 0 ? nlohmann::json(decode_ms / static_cast<double>(steps)) : nlohmann::json();
     j["decode_tokens_per_s"] = steps > 0 ? nlohmann::json(static_cast<double>(steps) / decode_ms * 1e3) : nlohmann::json();
     if (tokenizer) j["text"] = tokenizer->decode(generated);
@@ -199,14 +200,10 @@ void add_generate_command(CLI::App& app) {
                 "config.json's eos_token_id)");
   add_dtype_option(*cmd, o->dtype);
   add_policy_option(*cmd, o->policy);
-  add_threads_option(*cmd, o->flags.threads, "OMP_NUM_THREADS or every core");
+  add_policy_options(*cmd, o->computing, "OMP_NUM_THREADS or every core", true);
   add_storage_option(*cmd, "--weights-dtype", o->weights_dtype,
                      "the projections' and the LM head's weights (int8: each output channel's, quantized as they load)");
   add_storage_option(*cmd, "--kv-dtype", o->kv_dtype, "the KV cache's keys and values");
-  cmd->add_flag("--packed-weights", o->packed_weights,
-                "simd: the layers' weights also in oneDNN's packed layout, which the prompt's products then read: "
-                "faster prefill of short prompts for a second copy of those weights (nothing where oneDNN does not "
-                "take the products)");
   cmd->add_flag("--json", o->json,
                 "print one JSON object: tokens (and text), prefill_ms and prefill_tokens_per_s, decode_ms, "
                 "decode_ms_per_token and decode_tokens_per_s, the sizes, policy, dtype and threads");

@@ -29,9 +29,9 @@ struct run_options {
   index_t layer_index = 0, ffn_dim = 0;
   double rope_theta = 10000.0, eps = 1e-5;
   bool no_causal = false;
-  int threads = 0;
   int logit_bits = 16;  // low-bit inference (low_bit_options.cpp)
   std::string dtype, policy;
+  policy_options computing;  // --threads, --bf16-product, --matmul, --amx, --cuda-attention, --packed-weights
 };
 
 // Two output options naming one file would keep only the last result.
@@ -71,7 +71,7 @@ void run(const run_options& o) {
   const module_spec given{.kind = &kind,
                           .attention = {.heads = o.heads, .kv_heads = o.kv_heads, .rope_theta = o.rope_theta,
                                         .causal = !o.no_causal, .logit_bits = o.logit_bits},
-                          .layer_index = o.layer_index, .ffn_dim = o.ffn_dim, .eps = o.eps, .threads = o.threads};
+                          .layer_index = o.layer_index, .ffn_dim = o.ffn_dim, .eps = o.eps};
   check_flags(given);
   require_distinct_outputs(o);
 
@@ -89,7 +89,7 @@ void run(const run_options& o) {
   std::unique_ptr<runner> module;
   {
     const auto weights = io::read_safetensors(o.weights);
-    module = make_runner(spec_from_weights(given, shapes_of(weights), o.weights, "run"), o.policy, type);
+    module = make_runner(spec_from_weights(given, shapes_of(weights), o.weights, "run"), o.policy, type, o.computing);
     module->load(weights, o.weights);
   }
   module->set_input(io::read_npy(o.input), o.input);
@@ -120,7 +120,7 @@ void run_model(const run_options& o, const model_flags& flags) {
   const auto logits_file = outputs.add(o.output, "write_npy");
   const model_source source(o.model, flags);
   const auto tokens = io::read_npy_tokens(o.tokens, source.spec().model.vocab_size);
-  const auto model = make_language_model_runner(source.spec(), o.policy, type);
+  const auto model = make_language_model_runner(source.spec(), o.policy, type, o.computing);
   source.load_into(*model);
   model->forward(tokens);
   const auto file_type = type == io::dtype::f64 ? io::dtype::f64 : io::dtype::f32;
@@ -175,7 +175,8 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   add_dtype_option(*cmd, o->dtype);
   add_policy_option(*cmd, o->policy);
-  add_threads_option(*cmd, o->threads, "OMP_NUM_THREADS or every core");
+  add_policy_options(*cmd, o->computing, "OMP_NUM_THREADS or every core", true)
+      .packed_weights->needs(model);
   cmd->footer(
       "d_model C and the head size D come from the weight shapes (q_proj.weight is [2hD, C] for multihead and\n"
       "decoder_layer, [HD, C] for attention) and are checked against each other and the input.\n"
@@ -193,8 +194,7 @@ void add_run_command(CLI::App& app) {
       return run(*o);
     }
     // A model that records its architecture needs none of these; given, they must agree with it.
-    model_flags flags{.heads = heads->count() ? o->heads : 0, .kv_heads = kv_heads->count() ? o->kv_heads : 0,
-                      .threads = o->threads};
+    model_flags flags{.heads = heads->count() ? o->heads : 0, .kv_heads = kv_heads->count() ? o->kv_heads : 0};
     if (rope_theta->count()) flags.rope_theta = o->rope_theta;
     if (eps->count()) flags.eps = o->eps;
     run_model(*o, flags);

@@ -48,8 +48,6 @@ CLI::Option* add_policies_option(CLI::App& command, std::vector<std::string>& po
 CLI::Option* add_dtype_option(CLI::App& command, std::string& dtype);
 // --module NAME: a kind of the table on the command line (module_kinds.hpp; required unless the command also takes --model).
 CLI::Option* add_module_option(CLI::App& command, std::string& module);
-// --threads N: threads of a policy that has them (simd); default as given.
-CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& default_text);
 // The dtype of a validated --dtype, refusing one the policy does not compute in (a usage error).
 io::dtype checked_dtype(const std::string& dtype, const std::string& policy);
 

@@ -28,10 +28,11 @@ std::string unavailable_reason();
 std::string description();
 bool computes_in(io::dtype type);
 // Throws input_error for a type policy::cuda does not compute in or a config it rejects.
-std::unique_ptr<runner> make_runner(const module_spec& spec, io::dtype type);
+std::unique_ptr<runner> make_runner(const module_spec& spec, io::dtype type, const policy_options& options);
 // The same for a language model (language_model_runner.hpp); also input_error
 // for int8 weights or an int8 KV cache, which are host-only.
-std::unique_ptr<language_model_runner> make_language_model_runner(const language_model_spec& spec, io::dtype type);
+std::unique_ptr<language_model_runner> make_language_model_runner(const language_model_spec& spec, io::dtype type,
+                                                                  const policy_options& options);
 // Milliseconds the device takes to read every byte of the regions (device
 // memory) once, timed with CUDA events (policy/cuda/memory_read.cuh).
 double read_ms(std::span<const std::span<const std::byte>> regions);

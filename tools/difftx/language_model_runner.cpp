@@ -15,27 +15,18 @@
 
 namespace difftx::cli {
 
-namespace {
-
-// f(entry) for each host registry entry, in order.
-template <class F>
-void for_each_policy(F&& f) {
-  std::apply([&](auto... entries) { (f(entries), ...); }, built_policies{});
-}
-
-}  // namespace
-
 std::unique_ptr<language_model_runner> make_language_model_runner(const language_model_spec& spec,
-                                                                  std::string_view policy, io::dtype type) {
+                                                                  std::string_view policy, io::dtype type,
+                                                                  const policy_options& options) {
 #if defined(DIFFTX_CLI_CUDA)
-  if (policy == cuda_policy::name) return cuda_policy::make_language_model_runner(spec, type);
+  if (policy == cuda_policy::name) return cuda_policy::make_language_model_runner(spec, type, options);
 #endif
   return with_type(type, [&]<class T>() {
     std::unique_ptr<language_model_runner> made;
-    for_each_policy([&](auto entry) {
-      using Policy = typename decltype(entry)::policy_type;
+    for_each_policy([&](auto tag) {
+      using Policy = decltype(tag);
       if constexpr (Policy::template supports<T>)
-        if (policy == Policy::name) made = detail::make_language_model<T, Policy>(spec);
+        if (policy == Policy::name) made = detail::make_language_model<T, Policy>(spec, options);
     });
     require(made != nullptr, "make_language_model_runner", "policy",
             "a policy built into difftx that computes in " + std::string(scalar_traits<T>::name),

@@ -23,6 +23,8 @@
 #include <difftx/modules/language_model.hpp>
 #include <difftx/ops/common.hpp>
 
+#include "runner.hpp"  // kernel_report, policy_options
+
 namespace difftx::cli {
 
 // Milliseconds since start on the steady clock: generate's and bench --model's timings.
@@ -30,14 +32,11 @@ inline double ms_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
-// What a language model is: its own config and each layer's.
+// What a language model is: its own config and each layer's (how to compute
+// it is policy_options.hpp's).
 struct language_model_spec {
   LanguageModelConfig model;
   std::vector<DecoderLayerConfig> layers = {};
-  int threads = 0;  // for a policy with threads; 0 means its default
-  std::string bf16_product = "automatic";  // simd: module_spec::bf16_product
-  std::string matmuls = "automatic";       // simd: module_spec::matmuls
-  bool amx_tiles = false;                  // simd: module_spec::amx_tiles
   // Low-bit inference (docs/semantics.md): int8 weights, quantized once as
   // they load; an int8 KV cache for prefill and decode.
   inference_dtype weights = inference_dtype::same, kv_cache = inference_dtype::same;
@@ -45,9 +44,6 @@ struct language_model_spec {
   // panels (modules/linear.hpp), which a forward over whole prompts (run)
   // would never read and would hold as a second copy.
   bool decodes = false;
-  // simd with oneDNN: the layers' weights also in oneDNN's packed layout
-  // (LanguageModel::add_packed_weights), a second copy read by a prompt's products.
-  bool packed_weights = false;
 
   const DecoderLayerConfig& first() const { return layers.front(); }
 };
@@ -86,16 +82,19 @@ class language_model_runner {
   // and values (KVCache::stored_regions), its own token's row included.
   virtual std::vector<std::span<const std::byte>> cache_read_per_token() const = 0;
   virtual int threads() const = 0;
-  // What its matrix products of many rows run on (runner::product_kernel), "" where none applies.
-  virtual std::string product_kernel() const = 0;
+  // What its kernels run on (runner::kernels; the products of int8 weights where they are int8).
+  virtual kernel_report kernels() const = 0;
 };
 
 // On every policy built (runner.hpp's built_policy_names): the registry's
-// host policies, and policy::cuda where the tool is built with CUDA. Throws
+// host policies, and policy::cuda where the tool is built with CUDA, computing
+// as options say (options.packed_weights: the layers' weights also in
+// oneDNN's packed layout, LanguageModel::add_packed_weights). Throws
 // input_error for a policy that is not one of them or a config the model
 // rejects (int8 weights or cache on the GPU). Every head size runs on the
 // difftx::dynamic instantiation.
 std::unique_ptr<language_model_runner> make_language_model_runner(const language_model_spec& spec,
-                                                                  std::string_view policy, io::dtype type);
+                                                                  std::string_view policy, io::dtype type,
+                                                                  const policy_options& options);
 
 }  // namespace difftx::cli

@@ -19,7 +19,7 @@
 #include <difftx/modules/non_finite.hpp>
 
 #include "language_model_runner.hpp"
-#include "runner_impl.hpp"  // policy_threads, product_kernel_of, detail::make_policy
+#include "runner_impl.hpp"  // policy_threads, kernel_report_of, detail::make_policy
 
 namespace difftx::cli {
 
@@ -28,9 +28,10 @@ class model_runner final : public language_model_runner {
   using T = typename Model::value_type;
 
  public:
-  model_runner(Model model, const language_model_spec& spec)
+  model_runner(Model model, const language_model_spec& spec, bool packed_weights)
       : model_(std::move(model)), weights_(spec.weights), kv_cache_(spec.kv_cache), decodes_(spec.decodes),
-        packed_weights_(spec.packed_weights) {}
+        packed_weights_(packed_weights), logit_bits_(spec.first().attention.logit_bits),
+        qk_(spec.first().attention.qk_dtype) {}
 
   void load(const io::diffllama_checkpoint& checkpoint) override { load_from(checkpoint); }
   void load(const io::mapped_safetensors& file) override { load_from(file); }
@@ -90,9 +91,9 @@ class model_runner final : public language_model_runner {
     return read;
   }
   int threads() const override { return policy_threads(model_.policy()); }
-  std::string product_kernel() const override {
-    return weights_ == inference_dtype::int8 ? product_kernel_of<std::int8_t>(model_.policy())
-                                             : product_kernel_of<T>(model_.policy());
+  kernel_report kernels() const override {
+    return weights_ == inference_dtype::int8 ? kernel_report_of<T, std::int8_t>(model_.policy(), logit_bits_, qk_)
+                                             : kernel_report_of<T>(model_.policy(), logit_bits_, qk_);
   }
 
  private:
@@ -133,6 +134,8 @@ class model_runner final : public language_model_runner {
   Model model_;
   inference_dtype weights_, kv_cache_;
   bool decodes_, packed_weights_;
+  int logit_bits_;
+  inference_dtype qk_;
   typename Model::cache_type cache_;
   Tensor<T, 3> logits_;  // [B, tokens of the last call, V], in the model's memory
   mutable token_sampler greedy_{sampling_options{}};
@@ -142,15 +145,16 @@ namespace detail {
 
 // LanguageModel<DecoderLayer<T, dynamic, Policy>> of spec, its parameters not yet set (load() sets them).
 template <class T, class Policy>
-std::unique_ptr<language_model_runner> make_language_model(const language_model_spec& spec) {
+std::unique_ptr<language_model_runner> make_language_model(const language_model_spec& spec,
+                                                           const policy_options& options) {
   using Layer = DecoderLayer<T, dynamic, Policy>;
-  const auto policy = make_policy<Policy>(
-      {.threads = spec.threads, .bf16_product = spec.bf16_product, .matmuls = spec.matmuls, .amx_tiles = spec.amx_tiles});
+  const auto policy = make_policy<Policy>(options);
   const uninitialised_parameters loaded_next;  // load() sets every parameter
   std::vector<Layer> layers;
   layers.reserve(spec.layers.size());
   for (const auto& config : spec.layers) layers.emplace_back(config, policy);
-  return std::make_unique<model_runner<LanguageModel<Layer>>>(LanguageModel<Layer>(spec.model, std::move(layers)), spec);
+  return std::make_unique<model_runner<LanguageModel<Layer>>>(LanguageModel<Layer>(spec.model, std::move(layers)), spec,
+                                                              options.packed_weights);
 }
 
 }  // namespace detail

@@ -186,7 +186,6 @@ model_source::model_source(const std::filesystem::path& path, const model_flags&
       spec_ = spec_from_shapes(shapes, file_->label(), flags);
     }
   }
-  spec_.threads = flags.threads;
 }
 
 CLI::Option* add_model_options(CLI::App& command, std::string& model, model_flags& flags) {

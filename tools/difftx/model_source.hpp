@@ -27,7 +27,6 @@ namespace difftx::cli {
 struct model_flags {
   index_t heads = 0, kv_heads = 0;
   std::optional<double> rope_theta = {}, eps = {};
-  int threads = 0;
 };
 
 class model_source {
@@ -58,10 +57,7 @@ class model_source {
 struct model_bench_options {
   std::string model, dtype;
   std::vector<std::string> policies;
-  std::string bf16_product = "automatic";  // simd, bfloat16: module_spec::bf16_product
-  std::string matmuls = "automatic";       // simd: module_spec::matmuls
-  bool amx_tiles = false;                  // simd: module_spec::amx_tiles
-  bool packed_weights = false;             // simd: language_model_spec::packed_weights
+  policy_options computing;
   std::string weights_dtype = "same", kv_dtype = "same";  // language_model_spec's weights and kv_cache, by name
   model_flags flags;
   index_t prompt_tokens = 128, new_tokens = 32;

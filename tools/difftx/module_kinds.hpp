@@ -19,7 +19,6 @@
 #include <vector>
 
 #include <difftx/modules/attention_heads.hpp>
-#include <difftx/policy/cuda/attention_path.hpp>
 
 namespace difftx::cli {
 
@@ -53,9 +52,6 @@ struct module_kind {
   constexpr bool v2() const { return attention == attention_kind::differential_v2; }
   constexpr bool has_ffn() const { return parts != module_parts::norm && parts != module_parts::attention; }
   constexpr bool in_layers() const { return parts == module_parts::layer || parts == module_parts::stack; }
-  // The policies' compiled head sizes apply (policies.hpp); V2 runs on the run-time one only:
-  // a compiled D runs the same kernels (they read D from the shapes) and only lengthens the build.
-  constexpr bool compiled_head_dims() const { return has_attention() && !v2(); }
   // The weights' names: a layer's attention under "attn.", its FFN under "ffn.".
   constexpr std::string_view attention_prefix() const { return in_layers() ? "attn." : ""; }
   constexpr std::string_view ffn_prefix() const { return in_layers() ? "ffn." : ""; }
@@ -101,7 +97,8 @@ struct size_origin {
   bool file = false;
 };
 
-// A module as the commands give it: its kind and its sizes.
+// A module as the commands give it: its kind and its sizes (how to compute it
+// is policy_options.hpp's).
 struct module_spec {
   const module_kind* kind = nullptr;
   // C (of every kind) and the attention's h (attention: H; V2: h output heads),
@@ -113,18 +110,6 @@ struct module_spec {
   index_t layers = 2;        // decoder_stack only
   double eps = 1e-5;         // the RMSNorms' (rmsnorm; a layer's two norms)
   bool differential = true;  // V2 only: false is the authors' matched baseline (h query heads, no lambda_proj)
-  int threads = 0;           // for a policy with threads; 0 means its default
-  // simd: the path of bfloat16 matrix products, policy::simd::bf16_products
-  // by name (automatic, converting, dot_instructions).
-  std::string bf16_product = "automatic";
-  // simd: who multiplies products of many rows, policy::simd::matmuls by
-  // name (automatic, difftx, onednn).
-  std::string matmuls = "automatic";
-  // simd: AMX tiles in the attention kernels, policy::simd::amx_tiles.
-  bool amx_tiles = false;
-  // cuda: whose attention kernels run, policy::cuda::attention by name
-  // (difftx, cudnn); the policy's default, cuDNN's where this tool was built with it.
-  std::string cuda_attention{name_of(default_cuda_attention)};
   // By field name ("head_dim"), the sizes that did not come from their own flag.
   std::map<std::string, size_origin, std::less<>> origins = {};
 

@@ -81,14 +81,6 @@ CLI::Option* add_module_option(CLI::App& command, std::string& module) {
   return command.add_option("--module", module, "the module")->check(CLI::IsMember(command_line_kind_names()));
 }
 
-CLI::Option* add_threads_option(CLI::App& command, int& threads, const std::string& default_text) {
-  return command
-      .add_option("--threads", threads,
-                  "threads of a policy that runs several (simd; at most " + std::to_string(max_threads) +
-                      "; default: " + default_text + ")")
-      ->check(CLI::Range(1, max_threads));
-}
-
 io::dtype checked_dtype(const std::string& dtype, const std::string& policy) {
   const auto type = *io::parse_dtype_name(dtype);
   if (!computes_in(policy, type))

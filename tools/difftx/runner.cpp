@@ -3,6 +3,8 @@
 // runners_<type>.cpp; policy::cuda's in runners_cuda.cu).
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "policies.hpp"
 #include "runner.hpp"
 #if defined(DIFFTX_CLI_CUDA)
@@ -12,23 +14,21 @@
 namespace difftx::cli {
 
 template <class T>
-std::unique_ptr<runner> make_typed_runner(const module_spec& spec, std::string_view policy);
-extern template std::unique_ptr<runner> make_typed_runner<double>(const module_spec&, std::string_view);
-extern template std::unique_ptr<runner> make_typed_runner<float>(const module_spec&, std::string_view);
-extern template std::unique_ptr<runner> make_typed_runner<Eigen::half>(const module_spec&, std::string_view);
-extern template std::unique_ptr<runner> make_typed_runner<Eigen::bfloat16>(const module_spec&, std::string_view);
+std::unique_ptr<runner> make_typed_runner(const module_spec& spec, std::string_view policy, const policy_options& options);
+extern template std::unique_ptr<runner> make_typed_runner<double>(const module_spec&, std::string_view,
+                                                                  const policy_options&);
+extern template std::unique_ptr<runner> make_typed_runner<float>(const module_spec&, std::string_view,
+                                                                  const policy_options&);
+extern template std::unique_ptr<runner> make_typed_runner<Eigen::half>(const module_spec&, std::string_view,
+                                                                  const policy_options&);
+extern template std::unique_ptr<runner> make_typed_runner<Eigen::bfloat16>(const module_spec&, std::string_view,
+                                                                  const policy_options&);
 
 namespace {
 
-// f(entry) for each host registry entry, in order.
-template <class F>
-void for_each_policy(F&& f) {
-  std::apply([&](auto... entries) { (f(entries), ...); }, built_policies{});
-}
-
 std::vector<std::string> host_policy_names() {
   std::vector<std::string> names;
-  for_each_policy([&](auto entry) { names.emplace_back(decltype(entry)::policy_type::name); });
+  for_each_policy([&](auto policy) { names.emplace_back(decltype(policy)::name); });
   return names;
 }
 
@@ -37,6 +37,13 @@ bool is_cuda(std::string_view policy) { return policy == cuda_policy::name; }
 #endif
 
 }  // namespace
+
+void add_kernel_fields(nlohmann::json& j, const kernel_report& kernels) {
+  const auto text_or_null = [](const std::string& s) { return s.empty() ? nlohmann::json() : nlohmann::json(s); };
+  j["product_kernel"] = text_or_null(kernels.products);
+  j["score_tile_kernel"] = text_or_null(kernels.score_tiles);
+  j["amx_tiles"] = kernels.amx_tiles;
+}
 
 std::vector<std::string> built_policy_names() {
   auto names = host_policy_names();
@@ -56,22 +63,13 @@ std::string unavailable_reason([[maybe_unused]] std::string_view policy) {
   return "";
 }
 
-std::vector<index_t> compiled_head_dims(std::string_view policy) {
-  std::vector<index_t> dims;
-  for_each_policy([&](auto entry) {
-    if (policy == decltype(entry)::policy_type::name)
-      dims.assign(entry.compiled_head_dims.begin(), entry.compiled_head_dims.end());
-  });
-  return dims;
-}
-
 std::string policy_description(std::string_view policy, const std::string& detail) {
 #if defined(DIFFTX_CLI_CUDA)
   if (is_cuda(policy)) return cuda_policy::description();
 #endif
   std::string description(policy), in_parentheses = detail;
-  for_each_policy([&](auto entry) {
-    using Policy = typename decltype(entry)::policy_type;
+  for_each_policy([&](auto tag) {
+    using Policy = decltype(tag);
     if constexpr (requires { Policy::instruction_set(); })
       if (policy == Policy::name) in_parentheses = Policy::instruction_set() + (detail.empty() ? "" : ", " + detail);
   });
@@ -84,19 +82,20 @@ bool computes_in(std::string_view policy, io::dtype type) {
 #endif
   return with_type(type, [&]<class T>() {
     bool supported = false;
-    for_each_policy([&](auto entry) {
-      using Policy = typename decltype(entry)::policy_type;
+    for_each_policy([&](auto tag) {
+      using Policy = decltype(tag);
       if (policy == Policy::name) supported = Policy::template supports<T>;
     });
     return supported;
   });
 }
 
-std::unique_ptr<runner> make_runner(const module_spec& spec, std::string_view policy, io::dtype type) {
+std::unique_ptr<runner> make_runner(const module_spec& spec, std::string_view policy, io::dtype type,
+                                    const policy_options& options) {
 #if defined(DIFFTX_CLI_CUDA)
-  if (is_cuda(policy)) return cuda_policy::make_runner(spec, type);
+  if (is_cuda(policy)) return cuda_policy::make_runner(spec, type, options);
 #endif
-  return with_type(type, [&]<class T>() { return make_typed_runner<T>(spec, policy); });
+  return with_type(type, [&]<class T>() { return make_typed_runner<T>(spec, policy, options); });
 }
 
 }  // namespace difftx::cli

@@ -10,12 +10,39 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <difftx/io/tensor_file.hpp>
 #include <difftx/ops/int8.hpp>
 
 #include "module_kinds.hpp"
+#include "policy_options.hpp"
 
 namespace difftx::cli {
+
+// What a runner's kernels are on this CPU, as `bench --json` reports them
+// (product_kernel, score_tile_kernel, amx_tiles) and the policy column
+// describes them (detail()).
+struct kernel_report {
+  // Products of many rows (prefill, training): "onednn <its kernel>" where
+  // oneDNN takes them, else difftx's: "vdpbf16ps" or "converting" for
+  // bfloat16, "difftx" for the other types; "" for a policy without that choice.
+  std::string products;
+  // The attention's Q·Kᵀ tiles: "amx bf16", "amx int8", "vdpbf16ps",
+  // "avx512vnni" or "float" (simd; score_tile_kernel); "" for a policy without that choice.
+  std::string score_tiles;
+  bool amx_tiles = false;  // simd's AMX tiles asked for and granted (amx_tiles_used)
+
+  // The policy column's words: the products (unless difftx's plain ones), then "amx tiles".
+  std::string detail() const {
+    std::string words = products == "difftx" ? "" : products;
+    if (amx_tiles) words += words.empty() ? "amx tiles" : ", amx tiles";
+    return words;
+  }
+};
+// The report as --json's fields: product_kernel and score_tile_kernel (null
+// where empty), amx_tiles.
+void add_kernel_fields(nlohmann::json& j, const kernel_report& kernels);
 
 class runner {
  public:
@@ -55,10 +82,7 @@ class runner {
   // needs: the host clock, or device events read after the device is done.
   virtual double elapsed_ms(const std::function<void()>& work) const = 0;
   virtual int threads() const = 0;
-  // What this runner's matrix products of many rows run on: oneDNN's kernel
-  // ("onednn brg:avx512_core"), else for bfloat16 difftx's own path
-  // ("vdpbf16ps", or "converting": to float while packed); "" where none applies.
-  virtual std::string product_kernel() const { return ""; }
+  virtual kernel_report kernels() const = 0;
   // What ran this runner's attention calls so far, "cudnn 4" or "difftx tensor
   // cores 2, cudnn 2", where the policy counts them (cuda); else "".
   virtual std::string attention_paths() const { return ""; }
@@ -69,18 +93,17 @@ std::vector<std::string> built_policy_names();  // slowest first
 std::string fastest_policy();                   // of those that run on the host: the default
 // Why a built policy cannot run here ("no CUDA device was found: ..."), or "" when it can.
 std::string unavailable_reason(std::string_view policy);
-// Head sizes with an instantiation of their own; any other positive even D
-// runs on the difftx::dynamic one (the same kernels).
-std::vector<index_t> compiled_head_dims(std::string_view policy);
 // "simd (avx512bw)" for a policy that reports its instruction set, "cuda
 // (NVIDIA H100 80GB HBM3, sm_90)" for the device, else the name; a non-empty
 // `detail` joins the parentheses ("simd (avx512bw, vdpbf16ps)").
 std::string policy_description(std::string_view policy, const std::string& detail = "");
 bool computes_in(std::string_view policy, io::dtype type);
 
-// Throws input_error for a policy that is not built or a module config it
-// rejects (an odd head size, say).
-std::unique_ptr<runner> make_runner(const module_spec& spec, std::string_view policy, io::dtype type);
+// The module spec makes, computing as options say on policy. Throws
+// input_error for a policy that is not built or a module config it rejects
+// (an odd head size, say).
+std::unique_ptr<runner> make_runner(const module_spec& spec, std::string_view policy, io::dtype type,
+                                    const policy_options& options);
 
 // f.template operator()<T>() for the number type of t.
 template <class F>

@@ -49,20 +49,26 @@ int policy_threads([[maybe_unused]] const Policy& policy) {
   return 1;
 }
 
-// What a model's matrix products of many rows run on under policy: oneDNN's
-// kernel where it takes them (simd's matmuls), else for bfloat16 simd's path
-// ("vdpbf16ps" or "converting", bf16_products resolved for this CPU); then
-// "amx tiles" where simd's attention tiles run on AMX; "" otherwise.
-template <class T, class Policy>
-std::string product_kernel_of(const Policy& policy) {
-  std::string kernel;
-  if constexpr (requires { policy.template matmul_kernel<T>(); }) kernel = policy.template matmul_kernel<T>();
-  if constexpr (std::is_same_v<T, Eigen::bfloat16> && requires { policy.bf16_product_used(); })
-    if (kernel.empty())
-      kernel = policy.bf16_product_used() == Policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
-  if constexpr (requires { policy.amx_tiles_used(); })
-    if (policy.amx_tiles_used()) kernel += kernel.empty() ? "amx tiles" : ", amx tiles";
-  return kernel;
+// What a module's or model's kernels run on under policy for T, asked of the
+// policy itself (simd's matmul_kernel, bf16_product_used, score_tile_kernel,
+// amx_tiles_used); Products: the type of the products of many rows (T, or
+// std::int8_t for int8 weights); logit_bits and qk: the attention's low-bit
+// options. A policy without those choices reports "".
+template <class T, class Products = T, class Policy>
+kernel_report kernel_report_of(const Policy& policy, int logit_bits, inference_dtype qk) {
+  kernel_report report;
+  if constexpr (requires { policy.template matmul_kernel<Products>(); }) {
+    report.products = policy.template matmul_kernel<Products>();
+    if (report.products.empty()) report.products = "difftx";
+    if constexpr (std::is_same_v<Products, Eigen::bfloat16>)
+      if (report.products == "difftx")
+        report.products =
+            policy.bf16_product_used() == Policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
+  }
+  if constexpr (requires { policy.template score_tile_kernel<T>(logit_bits, qk); })
+    report.score_tiles = policy.template score_tile_kernel<T>(logit_bits, qk);
+  if constexpr (requires { policy.amx_tiles_used(); }) report.amx_tiles = policy.amx_tiles_used();
+  return report;
 }
 
 // The attention calls the policy's context counted, by path (policy::cuda); "" for other policies.
@@ -82,9 +88,11 @@ class module_runner final : public runner {
   using T = typename Module::value_type;
 
  public:
-  // build() returns the module, built in place (no move).
+  // build() returns the module of spec, built in place (no move).
   template <class Build>
-  module_runner(index_t d_model, Build&& build) : d_model_(d_model), module_(build()) {}
+  module_runner(const module_spec& spec, Build&& build)
+      : d_model_(spec.d_model()), has_attention_(spec.kind->has_attention()), logit_bits_(spec.attention.logit_bits),
+        qk_(spec.attention.qk_dtype), module_(build()) {}
 
   // Checks finiteness after loading, in T (so a float16 overflow shows too);
   // on a failure the module keeps the values, as the tool stops anyway.
@@ -188,7 +196,11 @@ class module_runner final : public runner {
   }
 
   int threads() const override { return policy_threads(module_.policy()); }
-  std::string product_kernel() const override { return product_kernel_of<T>(module_.policy()); }
+  kernel_report kernels() const override {
+    auto report = kernel_report_of<T>(module_.policy(), logit_bits_, qk_);
+    if (!has_attention_) report.score_tiles.clear();
+    return report;
+  }
   std::string attention_paths() const override { return attention_paths_of(module_.policy()); }
 
  private:
@@ -234,6 +246,9 @@ class module_runner final : public runner {
   };
 
   index_t d_model_;
+  bool has_attention_;
+  int logit_bits_;
+  inference_dtype qk_;
   Module module_;
   Tensor<T, 3> x_, y_, dy_, dx_;
   typename Module::saved_type saved_;
@@ -244,35 +259,38 @@ class module_runner final : public runner {
 
 namespace detail {
 
-// The policy object every module of the runner gets: spec.threads, where the
-// policy has threads; spec.bf16_product, spec.matmuls, spec.amx_tiles and
-// spec.cuda_attention, where it has those choices.
+// The policy object every module of a runner gets: each field of o the policy
+// has (threads, simd's bf16_products, matmuls and amx_tiles, cuda's attention),
+// one enumerator to its own.
 template <class Policy>
-Policy make_policy(const module_spec& s) {
+Policy make_policy(const policy_options& o) {
   Policy policy{};
-  if constexpr (requires { policy.attention; }) {
-    using choice = decltype(policy.attention);
-    policy.attention = s.cuda_attention == name_of(choice::cudnn) ? choice::cudnn : choice::difftx;
-  }
+  if constexpr (requires { policy.attention; }) policy.attention = o.cuda_attention;
   if constexpr (requires { policy.threads; })
-    if (s.threads > 0) policy.threads = s.threads;
+    if (o.threads > 0) policy.threads = o.threads;
   if constexpr (requires { policy.bf16_products; }) {
     using path = typename Policy::bf16_product;  // dependent: CUDA builds see no simd header
-    policy.bf16_products = s.bf16_product == "converting"         ? path::converting
-                           : s.bf16_product == "dot_instructions" ? path::dot_instructions
-                                                                  : path::automatic;
+    switch (o.bf16_product) {
+      case bf16_product_choice::automatic: policy.bf16_products = path::automatic; break;
+      case bf16_product_choice::converting: policy.bf16_products = path::converting; break;
+      case bf16_product_choice::dot_instructions: policy.bf16_products = path::dot_instructions; break;
+    }
   }
   if constexpr (requires { policy.matmuls; }) {
     using library = typename Policy::matmul_library;
-    policy.matmuls = s.matmuls == "difftx" ? library::difftx : s.matmuls == "onednn" ? library::onednn : library::automatic;
+    switch (o.matmuls) {
+      case matmul_choice::automatic: policy.matmuls = library::automatic; break;
+      case matmul_choice::difftx: policy.matmuls = library::difftx; break;
+      case matmul_choice::onednn: policy.matmuls = library::onednn; break;
+    }
   }
-  if constexpr (requires { policy.amx_tiles; }) policy.amx_tiles = s.amx_tiles;
+  if constexpr (requires { policy.amx_tiles; }) policy.amx_tiles = o.amx_tiles;
   return policy;
 }
 
-// The module of table row Row (module_kinds.hpp) with head size D (a compiled
-// one, or dynamic: s.attention.head_dim sets it), built from s.
-template <std::size_t Row, class T, index_t D, class Policy>
+// The module of table row Row (module_kinds.hpp) at the run-time head size
+// (s.attention.head_dim), built from s.
+template <std::size_t Row, class T, class Policy>
 auto build_module(const module_spec& s, const Policy& policy) {
   constexpr module_kind kind = module_kinds[Row];
   if constexpr (kind.parts == module_parts::norm) {
@@ -280,7 +298,7 @@ auto build_module(const module_spec& s, const Policy& policy) {
   } else if constexpr (kind.parts == module_parts::ffn) {
     return SwiGLU<T, Policy>(s.d_model(), s.ffn_dim, policy);
   } else {
-    using Attn = attention_module<kind.attention, T, D, Policy>;
+    using Attn = attention_module<kind.attention, T, dynamic, Policy>;
     if constexpr (kind.parts == module_parts::attention) {
       return Attn(attention_config<kind.attention>(s), policy);
     } else if constexpr (kind.parts == module_parts::layer) {
@@ -293,28 +311,20 @@ auto build_module(const module_spec& s, const Policy& policy) {
   }
 }
 
-// The runner of row Row on Policy: a compiled head size D... where the row
-// takes them and spec's D is one of them, else difftx::dynamic.
-template <std::size_t Row, class T, class Policy, index_t... D>
-std::unique_ptr<runner> make_row(const module_spec& s) {
-  const auto policy = make_policy<Policy>(s);
-  auto make = [&]<index_t HeadDim>() -> std::unique_ptr<runner> {
-    using Module = decltype(build_module<Row, T, HeadDim, Policy>(s, policy));
-    return std::make_unique<module_runner<Module>>(s.d_model(),
-                                                   [&] { return build_module<Row, T, HeadDim, Policy>(s, policy); });
-  };
-  std::unique_ptr<runner> made;
-  if constexpr (module_kinds[Row].compiled_head_dims() && sizeof...(D) > 0)
-    ((s.attention.head_dim == D && (made = make.template operator()<D>())) || ...);
-  return made ? std::move(made) : make.template operator()<dynamic>();
+// The runner of row Row on Policy.
+template <std::size_t Row, class T, class Policy>
+std::unique_ptr<runner> make_row(const module_spec& s, const policy_options& o) {
+  const auto policy = make_policy<Policy>(o);
+  using Module = decltype(build_module<Row, T, Policy>(s, policy));
+  return std::make_unique<module_runner<Module>>(s, [&] { return build_module<Row, T, Policy>(s, policy); });
 }
 
-// The runner of spec's kind on Policy (D...: the policy's compiled head sizes).
-template <class T, class Policy, index_t... D>
-std::unique_ptr<runner> make_for_policy(const module_spec& s) {
+// The runner of spec's kind on Policy.
+template <class T, class Policy>
+std::unique_ptr<runner> make_for_policy(const module_spec& s, const policy_options& o) {
   std::unique_ptr<runner> made;
   [&]<std::size_t... Row>(std::index_sequence<Row...>) {
-    ((s.kind == &module_kinds[Row] && (made = make_row<Row, T, Policy, D...>(s))) || ...);
+    ((s.kind == &module_kinds[Row] && (made = make_row<Row, T, Policy>(s, o))) || ...);
   }(std::make_index_sequence<std::size(module_kinds)>{});
   require(made != nullptr, "make_runner", "kind", "a module kind of the table (module_kinds.hpp)",
           s.kind ? std::string(s.kind->name) : "none");

@@ -67,10 +67,10 @@ bool computes_in(io::dtype type) {
   return with_type(type, [&]<class T>() { return policy::cuda::supports<T>; });
 }
 
-std::unique_ptr<runner> make_runner(const module_spec& spec, io::dtype type) {
+std::unique_ptr<runner> make_runner(const module_spec& spec, io::dtype type, const policy_options& options) {
   return with_type(type, [&]<class T>() -> std::unique_ptr<runner> {
     if constexpr (policy::cuda::supports<T>) {
-      return detail::make_for_policy<T, policy::cuda>(spec);
+      return detail::make_for_policy<T, policy::cuda>(spec, options);
     } else {
       throw input_error("make_runner", "policy", "a policy that computes in " + std::string(scalar_traits<T>::name),
                         "cuda");
@@ -78,10 +78,11 @@ std::unique_ptr<runner> make_runner(const module_spec& spec, io::dtype type) {
   });
 }
 
-std::unique_ptr<language_model_runner> make_language_model_runner(const language_model_spec& spec, io::dtype type) {
+std::unique_ptr<language_model_runner> make_language_model_runner(const language_model_spec& spec, io::dtype type,
+                                                                  const policy_options& options) {
   return with_type(type, [&]<class T>() -> std::unique_ptr<language_model_runner> {
     if constexpr (policy::cuda::supports<T>) {
-      return detail::make_language_model<T, policy::cuda>(spec);
+      return detail::make_language_model<T, policy::cuda>(spec, options);
     } else {
       throw input_error("make_language_model_runner", "policy",
                         "a policy that computes in " + std::string(scalar_traits<T>::name), "cuda");

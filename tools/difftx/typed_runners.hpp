@@ -12,13 +12,13 @@
 namespace difftx::cli {
 
 template <class T>
-std::unique_ptr<runner> make_typed_runner(const module_spec& spec, std::string_view policy) {
+std::unique_ptr<runner> make_typed_runner(const module_spec& spec, std::string_view policy, const policy_options& options) {
   std::unique_ptr<runner> made;
   std::apply(
       [&]<class... Entries>(Entries...) {
-        auto try_entry = [&]<class Policy, index_t... D>(policy_entry<Policy, D...>) {
+        auto try_entry = [&]<class Policy>(Policy) {
           if (policy != Policy::name) return;
-          if constexpr (Policy::template supports<T>) made = detail::make_for_policy<T, Policy, D...>(spec);
+          if constexpr (Policy::template supports<T>) made = detail::make_for_policy<T, Policy>(spec, options);
         };
         (try_entry(Entries{}), ...);
       },

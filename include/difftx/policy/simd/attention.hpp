@@ -67,6 +67,18 @@ void fused_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k
 
 }  // namespace simd_detail
 
+// policy::simd::score_tile_kernel (tag.hpp): the kernel the forward below
+// chooses, by the names of int8_score_tile_name and bf16_score_tile_name; the
+// bfloat16 backward's S and dP take the same bfloat16 tile.
+template <class T>
+const char* policy::simd::score_tile_kernel(int logit_bits, inference_dtype qk) const noexcept {
+  const auto kernels = simd_detail::score_kernels_for<accum_t<T>>(*this);
+  if (qk == inference_dtype::int8) return simd_detail::int8_score_tile_name(kernels.int8);
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+    if (logit_bits == logits_unquantized) return simd_detail::bf16_score_tile_name(kernels.bf16);
+  return "float";
+}
+
 // q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
 //   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
 // logit_bits: 16, or the logits quantized to 4..8 bits (ops/logit_quantization.hpp):

@@ -110,6 +110,19 @@ inline bf16_score_tile_fn bf16_score_tile([[maybe_unused]] bool amx, [[maybe_unu
   return nullptr;
 }
 
+// What a bfloat16 score tile kernel is, as the tool and the tests name it:
+// "amx bf16" (tdpbf16ps), "vdpbf16ps", or "float" for nullptr (the float
+// product on float copies); "other" for a kernel passed in (a model).
+inline const char* bf16_score_tile_name(bf16_score_tile_fn kernel) noexcept {
+#if DIFFTX_AMX
+  if (kernel == amx_bf16_score_tile) return "amx bf16";
+#endif
+#if DIFFTX_BF16_PAIRS
+  if (kernel == pairs_score_tile) return "vdpbf16ps";
+#endif
+  return kernel ? "other" : "float";
+}
+
 // flash_attention_forward's score source for bfloat16 operands on a
 // bf16_score_tile_fn.
 template <int Maps>

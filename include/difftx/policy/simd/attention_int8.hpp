@@ -111,6 +111,19 @@ score_tile_fn int8_score_tile([[maybe_unused]] bool amx) noexcept {
   return nullptr;
 }
 
+// What an int8 score tile kernel is, as the tool and the tests name it:
+// "amx int8" (tdpbusd), "avx512vnni" (vpdpbusd), or "float" for nullptr (the
+// float product on the int8 values); "other" for a kernel passed in (a model).
+inline const char* int8_score_tile_name(score_tile_fn kernel) noexcept {
+#if DIFFTX_AMX
+  if (kernel == amx_score_tile) return "amx int8";
+#endif
+#if DIFFTX_INT8_DOTS
+  if (kernel == vnni_score_tile) return "avx512vnni";
+#endif
+  return kernel ? "other" : "float";
+}
+
 // One (batch row, group)'s keys as int8, per key block and map: steps [Bs],
 // and with a tile kernel the layout k8 [d4][Bs][4] and corr; without one the
 // int8 values go back into the float tile they came from.

@@ -11,6 +11,7 @@
 
 #include "difftx/core/memory.hpp"
 #include "difftx/core/scalar_traits.hpp"
+#include "difftx/ops/int8.hpp"
 #include "difftx/policy/simd/amx_tiles.hpp"
 #include "difftx/policy/simd/bf16_product.hpp"
 
@@ -75,6 +76,13 @@ struct simd {
     return amx_tiles && (simd_detail::amx_runs(simd_detail::amx_product::u8s8) ||
                          simd_detail::amx_runs(simd_detail::amx_product::bf16));
   }
+  // What the attention multiplies Q·Kᵀ on in T under this policy on this CPU,
+  // for a module with these low-bit options: "amx bf16" or "amx int8" (AMX
+  // tiles), "vdpbf16ps", "avx512vnni", or "float" (the float product; defined
+  // in attention.hpp).
+  template <class T>
+  const char* score_tile_kernel(int logit_bits = logits_unquantized,
+                                inference_dtype qk = inference_dtype::same) const noexcept;
 };
 
 }  // namespace difftx::policy
