@@ -253,6 +253,69 @@ def checkpoint(raw, threads):
     return tables, {"decode": span(decode_x), "prefill": span(prefill_x)}
 
 
+def generation(raw, threads):
+    g = {n.replace("/iterations:1/manual_time", ""): r for n, r in bench_rows(os.path.join(raw, "generate.json")).items()}
+    batched = next(r for n, r in g.items() if n.endswith("/batched"))
+    alone = next(r for n, r in g.items() if n.endswith("/one_at_a_time"))
+    name = next(n for n in g if n.endswith("/batched"))
+    prompts, prompt_tokens, new = (int(part.split(":")[1]) for part in name.split("/")[2:5])
+    step_ms = 1e3 / alone["decode_tokens_per_s"]  # one prompt's decode step, its greedy pick included
+    samplers = bench_rows(os.path.join(raw, "sampler.json"))
+    chain_rows, shares = [], []
+    for n, r in samplers.items():
+        _, chain, logits, _ = n.split("/")
+        us = r["real_time"] if r.get("time_unit") == "us" else r["real_time"] * 1e3
+        shares.append(us / 1e3 / step_ms)
+        chain_rows.append([chain.replace("_", " "), logits, f"{us:.0f}", f"{us / 1e3 / step_ms:.1%}"])
+    peers = {}
+    for b in (1, 8):
+        path = os.path.join(raw, f"peer.{b}.txt")
+        if os.path.exists(path):
+            peers[b] = read_json_lines(path)
+    base = alone["decode_tokens_per_s"]
+    rows = [["difftx, one prompt at a time", ms(alone["prefill_ms"]), f"{alone['decode_tokens_per_s']:.1f}",
+             f"{alone['tokens_per_s']:.1f}", "1.00x"],
+            [f"difftx, {prompts} prompts at once", ms(batched["prefill_ms"]), f"{batched['decode_tokens_per_s']:.1f}",
+             f"{batched['tokens_per_s']:.1f}", ratio(batched["decode_tokens_per_s"], base)]]
+    for b, p in sorted(peers.items()):
+        # transformers' prefill is one generate(1) over the batch; one prompt at a time, prompts times that.
+        prefill = p["prefill_ms"] * (prompts if b == 1 else 1)
+        total = prompts * new / ((prefill + (new - 1) * p["decode_ms_per_token"] * (prompts if b == 1 else 1)) / 1e3)
+        rows.append([f"transformers, {'one prompt at a time' if b == 1 else f'{b} prompts at once'}", ms(prefill),
+                     f"{p['decode_tokens_per_s']:.1f}", f"{total:.1f}", ratio(p["decode_tokens_per_s"], base)])
+    cmds = commands(raw, "make", "sampler.json", "generate.json", "peer.1.txt", "peer.8.txt")
+    model = (f"{peers[8]['parameters'] / 1e6:.0f}M parameters; transformers {peers[8]['transformers']}, "
+             f"torch {peers[8]['torch']}") if 8 in peers else "transformers not run"
+    tables = [table(f"The sampler chain on one row of bfloat16 logits of V = 128256 (Google Benchmark, median of 3 "
+                    f"repetitions; the history a prompt of 512 tokens), and its share of one decode step of the "
+                    f"375M folder below ({step_ms:.1f} ms: difftx, bfloat16, one prompt at a time). peaked: N(0, 2.5²) "
+                    f"with 1000 tokens raised by 14/√rank, a trained model's shape; flat: N(0, 3²), a random "
+                    f"model's, where top-p keeps thousands of tokens. Chains: temperature 0.7; Llama-3's defaults "
+                    f"temperature 0.6, top-k 50, top-p 0.9; top-p 0.9; min-p 0.05; everything: repetition 1.1, "
+                    f"presence and frequency 0.5, temperature 0.8, top-k 40, top-p 0.95, min-p 0.05.",
+                    ["chain", "logits", "µs per token", "of a decode step"], chain_rows,
+                    commands(raw, "sampler.json")),
+              table(f"The 375M DiffLlama folder of \"Decoding a checkpoint\" ({model}), bfloat16: {prompts} prompts "
+                    f"of {prompt_tokens} random tokens, {new} greedy new tokens each (no stop token). difftx: "
+                    f"`generate(model, prompts, options)` (one packed prefill, then decode steps of one token per "
+                    f"prompt over one cache) against `generate(model, prompt, options)` for each; median of 3. "
+                    f"transformers: `generate` on a batch of {prompts} (equal lengths, no padding) and on one "
+                    f"prompt, SDPA attention, its decode time generate({new}) minus generate(1), medians of 3; "
+                    f"one prompt at a time is that prompt's times {prompts}. prefill ms: until every prompt has its "
+                    f"first token; decode tokens/s: the tokens after each prompt's first over the time after the "
+                    f"prefill; tokens/s: all {prompts * new} new tokens over the whole time.",
+                    ["contender", "prefill ms", "decode tokens/s", "tokens/s", "decode vs difftx one at a time"],
+                    rows, cmds)]
+    values = {"prompts": prompts, "decode": ratio(batched["decode_tokens_per_s"], base),
+              "total": ratio(batched["tokens_per_s"], alone["tokens_per_s"]),
+              "vs_transformers": ratio(batched["decode_tokens_per_s"], peers[8]["decode_tokens_per_s"]) if 8 in peers
+              else "n/a",
+              "transformers_batch": ratio(peers[8]["decode_tokens_per_s"], peers[1]["decode_tokens_per_s"])
+              if 1 in peers and 8 in peers else "n/a",
+              "chain": f"{max(shares):.1%}", "step_ms": f"{step_ms:.1f}"}
+    return tables, values
+
+
 def lowbit(raw, threads):
     configs = [("f32", "float32", "float32"), ("bf16", "bfloat16", "bfloat16"), ("int8", "int8", "int8"),
                ("w8", "int8", "float32"), ("kv8", "float32", "int8")]
@@ -343,7 +406,8 @@ def scaleout(raw, threads):
     return tables, {"ranks": ratio(tp[0], tp[2]), "threads": ratio(tp[0], tp[1]), "cores": os.cpu_count()}
 
 
-QUESTIONS = {"layers": layers, "bfloat16": bfloat16, "linear": linear, "checkpoint": checkpoint, "lowbit": lowbit,
+QUESTIONS = {"layers": layers, "bfloat16": bfloat16, "linear": linear, "checkpoint": checkpoint,
+             "generation": generation, "lowbit": lowbit,
              "v2": v2, "dynamic": dynamic, "scaleout": scaleout}
 
 

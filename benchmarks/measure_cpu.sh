@@ -5,14 +5,15 @@
 #
 #   benchmarks/measure_cpu.sh [question ...]     # default: all of them, about 15 minutes on 2 cores
 #
-# Questions: layers bfloat16 linear checkpoint lowbit v2 dynamic scaleout.
+# Questions: layers bfloat16 linear checkpoint generation lowbit v2 dynamic scaleout.
 # Environment:
 #   BUILD    a release build (default build/release): tools/difftx, benchmarks/difftx_bench,
-#            benchmarks/difftx_parallel_bench; copied first, so a rebuild cannot change them mid-run
+#            benchmarks/difftx_parallel_bench, benchmarks/difftx_generation_bench; copied first, so a
+#            rebuild cannot change them mid-run
 #   PYTHON   a Python with torch and transformers for the peers (default python3); without
 #            them the PyTorch columns say "not run"
 #   THREADS  threads for every contender (default 2)
-#   CKPT     a DiffLlama folder for "checkpoint" (default: a random 375M-parameter llama3-RoPE
+#   CKPT     a DiffLlama folder for "checkpoint" and "generation" (default: a random 375M-parameter llama3-RoPE
 #            folder written by tools/make_big_checkpoint.py into the work folder)
 #   QUIET    1 (default): before each question wait until no compiler, ninja or ctest has run
 #            for 60 s (polled every 30 s; at most WAIT_BUDGET seconds of waiting in all, default
@@ -31,14 +32,14 @@ QUIET=${QUIET:-1}
 WAIT_BUDGET=${WAIT_BUDGET:-3600}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 questions=("$@")
-((${#questions[@]})) || questions=(layers bfloat16 linear checkpoint lowbit v2 dynamic scaleout)
+((${#questions[@]})) || questions=(layers bfloat16 linear checkpoint generation lowbit v2 dynamic scaleout)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/difftx-measure.XXXXXX")
 keep=0  # a question that fails leaves the raw outputs for a look
 trap '((keep)) && echo "measure_cpu: raw outputs kept in $work" >&2 || rm -rf "$work"' EXIT
 mkdir -p "$work/bin" benchmarks/results
 # The binaries as they are now (a build elsewhere may replace them while this runs).
-for b in tools/difftx benchmarks/difftx_bench benchmarks/difftx_parallel_bench; do
+for b in tools/difftx benchmarks/difftx_bench benchmarks/difftx_parallel_bench benchmarks/difftx_generation_bench; do
   for try in 1 2 3 4 5; do cp "$BUILD/$b" "$work/bin/" 2>/dev/null && break; sleep 20; done
 done
 difftx=$work/bin/difftx
@@ -79,6 +80,7 @@ run() {
   shift
   for a in "$@"; do [[ $a =~ ^[A-Za-z0-9_./:=,+-]+$ ]] && shown+="$a " || shown+="'$a' "; done
   printf '%s\n' "${shown% }" | sed -e "s#$work/bin/difftx_parallel_bench#build/release/benchmarks/difftx_parallel_bench#g" \
+    -e "s#$work/bin/difftx_generation_bench#build/release/benchmarks/difftx_generation_bench#g" -e "s#=${CKPT:-$work/ckpt} #=CKPT #g" \
     -e "s#$work/bin/difftx_bench#build/release/benchmarks/difftx_bench#g" -e "s#$work/bin/difftx#build/release/tools/difftx#g" \
     -e "s#$work/ckpt#CKPT#g" -e "s#--model ${CKPT:-$work/ckpt} #--model CKPT #g" -e "s# --out $work/[^ ]*##" -e "s# --binary build/release/benchmarks/difftx_bench##" \
     -e "s#^$PYTHON #python3 #" -e "s#^env ##" >>"$out.cmd"
@@ -94,6 +96,18 @@ collect() {  # question: its raw outputs -> benchmarks/results/<question>.json
 
 shape=(--batch 1 --seq 2048 --d-model 768 --heads 6)
 decode=(--decode --module decoder_layer --batch 1 --context 4096 --d-model 2048 --heads 16 --ffn-dim 5632 --repeats 10 --json)
+
+# The 375M folder of "checkpoint" and "generation" into ckpt: CKPT, or a random one written once into the
+# work folder (its command into $o/make.cmd).
+big_checkpoint() {
+  if [ -n "${CKPT:-}" ]; then ckpt=$CKPT; return; fi
+  ckpt=$work/ckpt
+  printf '%s\n' "python3 tools/make_big_checkpoint.py --out CKPT --layers 16 --hidden 1024 --heads 16 --kv-heads 4 --head-dim 64 --intermediate 4096 --vocab 128256 --tie --rope-type llama3 --rope-theta 500000" >"$o/make.cmd"
+  [ -d "$ckpt" ] && return
+  ((has_peers)) || { echo "measure_cpu: $1 needs CKPT or a Python with torch" >&2; return 1; }
+  "$PYTHON" tools/make_big_checkpoint.py --out "$ckpt" --layers 16 --hidden 1024 --heads 16 --kv-heads 4 \
+    --head-dim 64 --intermediate 4096 --vocab 128256 --tie --rope-type llama3 --rope-theta 500000 >&2
+}
 
 measure() {  # question: its commands, outputs under $work/<question>
   o=$work/$1
@@ -121,15 +135,7 @@ measure() {  # question: its commands, outputs under $work/<question>
         run "$o/peer.json" "$PYTHON" benchmarks/peer_pytorch_linear.py --threads "$THREADS"
       fi ;;
     checkpoint)  # a DiffLlama folder: difftx bench --model against transformers' generate
-      if [ -z "${CKPT:-}" ]; then
-        ((has_peers)) || { echo "measure_cpu: checkpoint needs CKPT or a Python with torch" >&2; return 1; }
-        "$PYTHON" tools/make_big_checkpoint.py --out "$work/ckpt" --layers 16 --hidden 1024 --heads 16 --kv-heads 4 \
-          --head-dim 64 --intermediate 4096 --vocab 128256 --tie --rope-type llama3 --rope-theta 500000 >&2
-        printf '%s\n' "python3 tools/make_big_checkpoint.py --out CKPT --layers 16 --hidden 1024 --heads 16 --kv-heads 4 --head-dim 64 --intermediate 4096 --vocab 128256 --tie --rope-type llama3 --rope-theta 500000" >"$o/make.cmd"
-        ckpt=$work/ckpt
-      else
-        ckpt=$CKPT
-      fi
+      big_checkpoint "$1" || return 1
       wait_quiet
       for t in float32 bfloat16; do
         run "$o/difftx.$t.json" "$difftx" bench --model "$ckpt" --seq 512 --new-tokens 32 --repeats 3 --dtype "$t" \
@@ -139,6 +145,20 @@ measure() {  # question: its commands, outputs under $work/<question>
             --threads "$THREADS" --prompt-tokens 512 --new-tokens 32 --repeats 3
         fi
       done ;;
+    generation)  # the sampler chain at V = 128256; 8 prompts at once against one at a time, and transformers'
+      big_checkpoint "$1" || return 1
+      wait_quiet
+      g=$work/bin/difftx_generation_bench
+      run "$o/sampler.json" env OMP_NUM_THREADS="$THREADS" "$g" '--benchmark_filter=^sampler/' --benchmark_min_time=0.5 \
+        --benchmark_repetitions=3 --benchmark_format=json
+      run "$o/generate.json" env OMP_NUM_THREADS="$THREADS" DIFFTX_BENCH_MODEL="$ckpt" "$g" '--benchmark_filter=^generate/' \
+        --benchmark_repetitions=3 --benchmark_format=json
+      if ((has_peers)); then
+        for b in 1 8; do
+          run "$o/peer.$b.txt" "$PYTHON" benchmarks/peer_transformers_generate.py --model "$ckpt" --dtype bfloat16 \
+            --threads "$THREADS" --prompt-tokens 512 --new-tokens 64 --repeats 3 --batch "$b"
+        done
+      fi ;;
     lowbit)  # a decode step in float32, bfloat16 and int8; int8 Q·Kᵀ in the forward
       wait_quiet
       for t in 1 "$THREADS"; do
@@ -167,7 +187,7 @@ measure() {  # question: its commands, outputs under $work/<question>
       run "$o/t1.json" env OMP_NUM_THREADS=1 "$p" --benchmark_repetitions=3 --benchmark_format=json
       run "$o/t2.json" env OMP_NUM_THREADS=2 "$p" --benchmark_repetitions=3 --benchmark_format=json
       run "$o/mpi.json" env OMP_NUM_THREADS=1 mpirun -np 2 --oversubscribe "$p" --benchmark_repetitions=3 --benchmark_format=json ;;
-    *) echo "measure_cpu: no question '$1' (layers bfloat16 linear checkpoint lowbit v2 dynamic scaleout)" >&2; return 2 ;;
+    *) echo "measure_cpu: no question '$1' (layers bfloat16 linear checkpoint generation lowbit v2 dynamic scaleout)" >&2; return 2 ;;
   esac
 }
 

@@ -3,13 +3,14 @@
 
 The peer for difftx's decode-speed comparison: Hugging Face transformers'
 DiffLlamaForCausalLM.generate (greedy, do_sample=False, its default KV cache),
-batch 1, on a checkpoint folder (e.g. one written by tools/make_big_checkpoint.py):
+batch 1 (or --batch B prompts of the same length at once), on a checkpoint folder
+(e.g. one written by tools/make_big_checkpoint.py):
 
     python3 benchmarks/peer_transformers_generate.py --model /work/big_ckpt --dtype float32 \\
         --threads 16 --prompt-tokens 128 --new-tokens 64 --repeats 5 [--attn sdpa|eager]
 
-Prints the prefill time (ms), the decode speed (new tokens per second, prefill
-excluded) and, last, one JSON line with every number and setting.
+Prints the prefill time (ms), the decode speed (new tokens per second over the
+batch, prefill excluded) and, last, one JSON line with every number and setting.
 
 How prefill is separated from decoding: each repeat times generate(max_new_tokens=1)
 and generate(max_new_tokens=K) on the same prompt. generate with one new token runs
@@ -54,13 +55,14 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=1, help="prompts generated at once (all --prompt-tokens long)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = ap.parse_args()
-    if a.new_tokens < 2 or a.prompt_tokens < 1 or a.repeats < 1:
-        sys.exit("peer_transformers_generate: needs --new-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1")
+    if a.new_tokens < 2 or a.prompt_tokens < 1 or a.repeats < 1 or a.batch < 1:
+        sys.exit("peer_transformers_generate: needs --new-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1, --batch >= 1")
 
     torch.set_num_threads(a.threads)
     try:
@@ -81,7 +83,7 @@ def main():
     params = sum(p.numel() for p in model.parameters())
 
     gen = torch.Generator().manual_seed(a.seed)
-    prompt = torch.randint(3, cfg.vocab_size, (1, a.prompt_tokens), generator=gen).to(a.device)
+    prompt = torch.randint(3, cfg.vocab_size, (a.batch, a.prompt_tokens), generator=gen).to(a.device)
     mask = torch.ones_like(prompt)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
 
@@ -103,15 +105,15 @@ def main():
     prefill = statistics.median(t1)
     decode = statistics.median(tk) - prefill
     steps = a.new_tokens - 1
-    tok_s = steps / decode if decode > 0 else float("inf")
+    tok_s = a.batch * steps / decode if decode > 0 else float("inf")
 
     where = torch.cuda.get_device_name() if a.device == "cuda" else f"{a.threads} threads"
-    print(f"model {a.model}: {params / 1e6:.1f}M parameters, {a.dtype}, attn {a.attn}, {where}")
-    print(f"prefill ({a.prompt_tokens} tokens): {prefill * 1e3:.1f} ms (median of {a.repeats})")
-    print(f"decode ({steps} steps after the first token): {decode / steps * 1e3:.2f} ms/token, {tok_s:.2f} tokens/s")
+    print(f"model {a.model}: {params / 1e6:.1f}M parameters, {a.dtype}, attn {a.attn}, {where}, batch {a.batch}")
+    print(f"prefill ({a.batch} x {a.prompt_tokens} tokens): {prefill * 1e3:.1f} ms (median of {a.repeats})")
+    print(f"decode ({steps} steps after the first token): {decode / steps * 1e3:.2f} ms/step, {tok_s:.2f} tokens/s")
     row = {"peer": "transformers.generate", "model": os.path.abspath(a.model), "parameters": params,
            "dtype": a.dtype, "attn_implementation": a.attn, "device": where, "threads": a.threads,
-           "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens, "repeats": a.repeats,
+           "batch": a.batch, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens, "repeats": a.repeats,
            "prefill_ms": prefill * 1e3, "decode_ms_per_token": decode / steps * 1e3, "decode_tokens_per_s": tok_s,
            "t_generate_1_s": t1, "t_generate_k_s": tk, "load_s": load_s,
            "torch": torch.__version__, "transformers": transformers.__version__,

@@ -243,6 +243,13 @@ TEST_CASE("sampler: top-p over a large vocabulary keeps exactly the smallest hea
     REQUIRE(got.size() == want.size());
     for (std::size_t i = 0; i < want.size(); ++i) CHECK(got[i].token == want[i]);
   }
+  // Equal probabilities across the boundary: the smaller ids stay.
+  const std::vector<double> equal{1.0, 0.0, 0.0, 0.0, 0.0, -3.0};
+  token_sampler tie({.temperature = 1.0, .top_p = 0.6});
+  const auto kept = tie.distribution(std::span<const double>(equal));
+  REQUIRE(kept.size() == 3);
+  CHECK(kept[1].token == 1);
+  CHECK(kept[2].token == 2);
 }
 
 // The head over the last rows only, against the same rows of the full prefill:

@@ -115,25 +115,22 @@ class token_sampler {
   }
 
   // u uniform in [0, 1) from the stream; the first candidate (in increasing
-  // id) whose cumulative weight exceeds u times the total.
+  // id) whose cumulative weight exp(score - largest) exceeds u times the
+  // total. The weights overwrite the scores, which the row needs no more.
   token_t draw() {
     const double largest = candidates_.largest_score();
-    auto& weights = candidates_.scratch();
-    weights.clear();
+    auto scores = candidates_.scores();
     double total = 0;
-    for (const token_t t : candidates_.kept()) {
-      const double s = candidates_.score(t);
-      weights.push_back({t, s, std::exp(s - largest)});
-      total += weights.back().weight;
-    }
+    for (const token_t t : candidates_.kept()) total += scores[index(t)] = std::exp(scores[index(t)] - largest);
     const double u = rng_.uniform() * total;
     double cumulative = 0;
-    for (const auto& w : weights) {
-      cumulative += w.weight;
-      if (u < cumulative) return w.token;
+    for (const token_t t : candidates_.kept()) {
+      cumulative += scores[index(t)];
+      if (u < cumulative) return t;
     }
-    return weights.back().token;  // u within rounding of the total
+    return candidates_.kept().back();  // u within rounding of the total
   }
+  static std::size_t index(token_t t) noexcept { return static_cast<std::size_t>(t); }
 
   sampling_options options_;
   step_list steps_;

@@ -2,7 +2,7 @@
 // (generation/sampling_step.hpp), as transformers' TemperatureLogitsWarper,
 // TopKLogitsWarper, TopPLogitsWarper and MinPLogitsWarper compute them, without
 // sorting the vocabulary: top-k keeps a heap of k scores, top-p sorts only the
-// tokens whose band of probability reaches p, min-p compares with the largest.
+// tokens of the band of probability where it ends, min-p compares with the largest.
 #pragma once
 
 #include <algorithm>
@@ -65,9 +65,10 @@ class top_p_step final : public sampling_step {
   explicit top_p_step(double p) : p_(p) {}
   void apply(candidate_set& c, const token_history&) const override {
     if (p_ >= 1.0 || c.kept().size() == 1) return;
-    // Weights w = exp(score - largest) summed per band of a quarter unit of
-    // score below the largest: the rule ends in the band where the bands'
-    // mass from the top reaches p, so only the tokens down to it are sorted.
+    // Weights w = exp(score - largest) summed per band of score below the
+    // largest: every band above the one where the bands' mass reaches p stays
+    // whole, so only the tokens about that band are sorted, to find where
+    // the rule ends among them.
     const double largest = c.largest_score();
     const auto band_of = [largest](double s) {
       return static_cast<std::size_t>(std::min(double(bands - 1), (largest - s) * bands_per_unit));
@@ -79,41 +80,45 @@ class top_p_step final : public sampling_step {
       total += w;
       mass[band_of(c.score(t))] += w;
     }
-    std::size_t last = 0;
-    for (double above = mass[0]; above < p_ * total && last + 1 < bands;) above += mass[++last];
-    // One band more: the bands' sums and the sorted sum round differently.
-    auto kept = sorted_down_to(c, std::min(last + 1, bands - 1), band_of, largest, total);
-    if (!kept) kept = sorted_down_to(c, bands - 1, band_of, largest, total);
-    const scored_token boundary = c.scratch()[*kept - 1];
+    std::size_t band = 0;
+    for (double above = mass[0]; above < p_ * total && band + 1 < bands;) above += mass[++band];
+    // A band either side: the bands' sums round otherwise than the sorted sum.
+    const std::size_t first = band > 0 ? band - 1 : 0, last = std::min(band + 1, bands - 1);
+    double before = 0;
+    for (std::size_t b = 0; b < first; ++b) before += mass[b];
+    auto boundary = ends_in(c, first, last, before, largest, total, band_of);
+    if (!boundary) boundary = ends_in(c, 0, bands - 1, 0.0, largest, total, band_of);
     c.keep_if([&](token_t t) {
       const double s = c.score(t);
-      return s > boundary.score || (s == boundary.score && t <= boundary.token);
+      return s > boundary->score || (s == boundary->score && t <= boundary->token);
     });
   }
 
  private:
-  static constexpr std::size_t bands = 256;
-  static constexpr double bands_per_unit = 4;
+  static constexpr std::size_t bands = 1024;
+  static constexpr double bands_per_unit = 16;
 
-  // The candidates of bands 0..last sorted into scratch (decreasing score,
-  // then increasing id), and how many of them the rule keeps; none where the
-  // rule would go on past them (never when last is the lowest band: all are there).
+  // The last candidate the rule keeps, sorting (decreasing score, then
+  // increasing id) only the candidates of bands first..last, above which
+  // weight `before` lies; none where the rule does not end among them (then
+  // all bands are asked: it ends there).
   template <class BandOf>
-  std::optional<std::size_t> sorted_down_to(candidate_set& c, std::size_t last, const BandOf& band_of, double largest,
-                                            double total) const {
-    auto& top = c.scratch();
-    top.clear();
+  std::optional<scored_token> ends_in(candidate_set& c, std::size_t first, std::size_t last, double before,
+                                      double largest, double total, const BandOf& band_of) const {
+    auto& sorted = c.scratch();
+    sorted.clear();
     for (const token_t t : c.kept())
-      if (band_of(c.score(t)) <= last) top.push_back({t, c.score(t), std::exp(c.score(t) - largest)});
-    std::ranges::sort(top, [](const scored_token& a, const scored_token& b) {
+      if (const std::size_t b = band_of(c.score(t)); b >= first && b <= last)
+        sorted.push_back({t, c.score(t), std::exp(c.score(t) - largest)});
+    std::ranges::sort(sorted, [](const scored_token& a, const scored_token& b) {
       return a.score > b.score || (a.score == b.score && a.token < b.token);
     });
-    double before = 0;
-    for (std::size_t n = 0; n < top.size(); ++n) {
-      if (n > 0 && before / total >= p_) return n;
-      before += top[n].weight;
+    if (sorted.empty() || (first > 0 && before / total >= p_)) return std::nullopt;
+    for (std::size_t n = 0; n < sorted.size(); ++n) {
+      before += sorted[n].weight;
+      if (before / total >= p_) return sorted[n];
     }
-    return last + 1 == bands ? std::optional<std::size_t>(top.size()) : std::nullopt;
+    return last + 1 == bands ? std::optional<scored_token>(sorted.back()) : std::nullopt;
   }
 
   double p_;
