@@ -24,7 +24,7 @@ void add_run_command(CLI::App& app);
 void add_check_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_retrieval_command(CLI::App& app);  // the training demo (cmd_retrieval.cpp)
-void add_generate_command(CLI::App& app);   // greedy decoding with the KV cache (cmd_generate.cpp)
+void add_generate_command(CLI::App& app);   // text generation, greedy or sampled, with the KV cache (cmd_generate.cpp)
 void add_convert_command(CLI::App& app);    // DiffLlama folders to difftx files and back (cmd_convert.cpp)
 void add_tokenize_command(CLI::App& app);   // text to the ids generate --text feeds, and back (cmd_tokenize.cpp)
 

@@ -1,9 +1,13 @@
-// policy::simd: the fast CPU policy. Eigen GEMMs for the projections, xsimd
-// kernels for the norms, RoPE and SwiGLU, a fused flash-style kernel for both
-// attention maps (policy/simd/attention.hpp), OpenMP threads over rows, heads
-// and blocks. Computes in float and double; float16 and bfloat16 are stored as
-// they are and computed in float, their matrix products converting while they
-// pack (policy/simd/gemm.hpp).
+// policy::simd: the fast CPU policy. The projections' products on difftx's own
+// blocked GEMM (policy/simd/gemm.hpp) and decoding GEMV, or on oneDNN's matmul
+// where the build links it (linear_onednn.hpp, chosen per type by
+// policy::simd::matmuls), int8 products on VNNI/AVX2 kernels; xsimd kernels for
+// the norms, RoPE and SwiGLU; a fused flash-style kernel for both attention
+// maps (policy/simd/attention.hpp), with score tiles on AMX or vdpbf16ps where
+// asked and present; OpenMP threads over rows, heads and blocks. Computes in
+// float and double; float16 and bfloat16 are stored as they are and computed
+// in float, their products converting while they pack or on vdpbf16ps
+// (bf16_product.hpp).
 //
 // Compile with the target's vector extensions (-march=native, or at least
 // -mavx2 -mfma -mf16c): xsimd and Eigen pick their instruction set at compile

@@ -62,12 +62,16 @@ inline constexpr matmul_types int8_products_types{dnnl::memory::data_type::u8, d
 // ONEDNN_MAX_CPU_ISA): with VNNI (vpdpbusd, AMX's tdpbusd) they are; without it
 // oneDNN adds pairs of products with vpmaddubsw, which saturates at int16 for
 // bytes as large as difftx's (oneDNN leaves 7-bit inputs to the caller).
+// oneDNN's ISA values are masks, each holding the bits of every ISA it extends
+// (dnnl_types.h), so "at least VNNI" is containment: it holds for every ISA
+// above avx512_core_vnni or avx2_vnni, those of later oneDNN versions too
+// (avx512_core_fp16, avx512_core_amx_fp16, avx2_vnni_2).
 inline bool onednn_int8_exact() {
   static const bool exact = [] {
     using isa = dnnl::cpu_isa;
-    const isa effective = dnnl::get_effective_cpu_isa();
-    return effective == isa::avx512_core_vnni || effective == isa::avx512_core_bf16 ||
-           effective == isa::avx512_core_amx || effective == isa::avx2_vnni;
+    const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto at_least = [&](isa base) { return (effective & static_cast<unsigned>(base)) == static_cast<unsigned>(base); };
+    return at_least(isa::avx512_core_vnni) || at_least(isa::avx2_vnni);
   }();
   return exact;
 }
