@@ -205,6 +205,46 @@ TEST_CASE("ops check their own arguments") {
                              TensorView<double, 4>{}, lse.view());
       },
       "attention_forward", "k", "dividing the head count H = 3", "G = 2");
+  // Causal attention needs at least as many keys as queries (the queries are
+  // the last N positions); lambda is [1] or [H] and dlambda takes its shape.
+  // Nothing is written: o, o2 and the gradients keep their fill.
+  {
+    const auto q2 = filled<double, 5>({1, 4, 2, 2, 4}, 0.5), k_short = filled<double, 5>({1, 3, 1, 2, 4}, 0.5);
+    const auto k_long = filled<double, 5>({1, 6, 1, 2, 4}, 0.5);
+    const auto v_short = filled<double, 4>({1, 3, 1, 6}, 0.5), v_long = filled<double, 4>({1, 6, 1, 6}, 0.5);
+    const auto d_o = filled<double, 4>({1, 4, 2, 6}, 0.5);
+    auto o_diff = filled<double, 4>({1, 4, 2, 6}, 7.0), o2_diff = filled<double, 4>({1, 4, 2, 6}, 7.0);
+    auto lse2 = filled<double, 4>({1, 2, 2, 4}, 7.0);
+    const auto lambda_three = filled<double, 1>({3}, 0.2), lambda_heads = filled<double, 1>({2}, 0.2);
+    expect_input_error(
+        [&] {
+          attention_forward<2>(policy::simd{}, q2.view(), k_short.view(), v_short.view(), lambda_heads.view(), true,
+                               o_diff.view(), o2_diff.view(), lse2.view());
+        },
+        "attention_forward", "k", "at least N = 4 keys for causal attention", "M = 3");
+    expect_input_error(
+        [&] {
+          attention_forward<2>(policy::reference{}, q2.view(), k_long.view(), v_long.view(), lambda_three.view(), true,
+                               o_diff.view(), o2_diff.view(), lse2.view());
+        },
+        "attention_forward", "lambda", "shape [1] or [H] = [2]", "[3]");
+    CHECK(values(o_diff) == values(filled<double, 4>({1, 4, 2, 6}, 7.0)));
+    CHECK(values(lse2) == values(filled<double, 4>({1, 2, 2, 4}, 7.0)));
+    attention_forward<2>(policy::simd{}, q2.view(), k_long.view(), v_long.view(), lambda_heads.view(), true,
+                         o_diff.view(), o2_diff.view(), lse2.view());
+    auto dq = filled<double, 5>(q2.shape(), 7.0), dk = filled<double, 5>(k_long.shape(), 7.0);
+    auto dv = filled<double, 4>(v_long.shape(), 7.0);
+    auto dlambda_one = filled<double, 1>({1}, 7.0);
+    expect_input_error(
+        [&] {
+          attention_backward<2>(policy::simd{}, q2.view(), k_long.view(), v_long.view(), lambda_heads.view(), true,
+                                o_diff.view(), o2_diff.view(), lse2.view(), d_o.view(), dq.view(), dk.view(), dv.view(),
+                                dlambda_one.view());
+        },
+        "attention_backward", "dlambda", "shape [2]", "[1]");
+    CHECK(values(dq) == values(filled<double, 5>(q2.shape(), 7.0)));
+    CHECK(values(dlambda_one) == std::vector<double>{7.0});
+  }
   // V2's head combination pairs query heads: their count must be even, z and o must match it.
   Tensor<double, 3> a_odd({2, 3, 4}), a({2, 4, 4}), o2({2, 2, 4});
   Tensor<double, 2> z({2, 2}), z_wrong({2, 3});

@@ -108,6 +108,56 @@ TEST_CASE("gradcheck: DiffAttn (inputs q, k, v and the four lambda vectors)") {
   }
 }
 
+TEST_CASE("gradcheck: the attention op with M != N keys and a lambda per head (q, k, v, lambda)") {
+  // The queries the last N of M positions (causal), fewer keys than queries (not causal), grouped heads.
+  struct op_case {
+    index_t B, N, M, H, G;
+    bool causal;
+  };
+  for (const auto& c : {op_case{2, 3, 7, 4, 2, true}, op_case{1, 5, 5, 2, 1, true}, op_case{1, 6, 4, 2, 2, false}}) {
+    const index_t d = 4, dv = 6;
+    auto q = random_tensor<double, 5>({c.B, c.N, c.H, 2, d}, 11);
+    auto k = random_tensor<double, 5>({c.B, c.M, c.G, 2, d}, 12);
+    auto v = random_tensor<double, 4>({c.B, c.M, c.G, dv}, 13);
+    auto lambda = random_tensor<double, 1>({c.H}, 14);
+    auto d_o = random_tensor<double, 4>({c.B, c.N, c.H, dv}, 15);
+    Tensor<double, 4> o(d_o.shape()), o2(d_o.shape());
+    Tensor<double, 4> lse({c.B, c.H, 2, c.N});
+    Tensor<double, 5> dq(q.shape()), dk(k.shape());
+    Tensor<double, 4> dv_grad(v.shape());
+    Tensor<double, 1> dlambda(lambda.shape());
+    const policy::reference p;
+    auto forward = [&] {
+      attention_forward<2>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), c.causal, o.view(),
+                           o2.view(), lse.view());
+    };
+    auto loss = [&]() -> long double {
+      forward();
+      long double l = 0;
+      for (index_t i = 0; i < o.size(); ++i) l += static_cast<long double>(d_o.data()[i]) * o.data()[i];
+      return l;
+    };
+    auto gradients = [&]() {
+      forward();
+      attention_backward<2>(p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), c.causal,
+                            o.const_view(), o2.const_view(), lse.const_view(), d_o.const_view(), dq.view(), dk.view(),
+                            dv_grad.view(), dlambda.view());
+    };
+    auto dims = [](const auto& t) { return std::vector<index_t>(t.shape().begin(), t.shape().end()); };
+    std::vector<testing::gradcheck_variable<double>> variables{{"q", dims(q), q.data(), dq.data()},
+                                                               {"k", dims(k), k.data(), dk.data()},
+                                                               {"v", dims(v), v.data(), dv_grad.data()},
+                                                               {"lambda", dims(lambda), lambda.data(), dlambda.data()}};
+    const auto result = testing::gradcheck<double>(variables, loss, gradients);
+    const std::string label = "attention op B=" + std::to_string(c.B) + " N=" + std::to_string(c.N) +
+                              " M=" + std::to_string(c.M) + " H=" + std::to_string(c.H) + " G=" + std::to_string(c.G) +
+                              (c.causal ? " causal" : " non-causal");
+    INFO(label << "\n" << result.report());
+    MESSAGE(label << ": worst " << result.worst_error() << " at " << result.where());
+    CHECK(result.worst_error() < gradcheck_tolerance);
+  }
+}
+
 TEST_CASE("gradcheck: MultiHead") {
   // llama3 RoPE with a short original context: of the two pairs at D = 4 one is blended, one divided.
   const rope_scaling llama3{.type = rope_type::llama3, .factor = 8.0, .high_freq_factor = 16.0,
@@ -116,6 +166,35 @@ TEST_CASE("gradcheck: MultiHead") {
     MultiHead<double, 4> mh({.d_model = 12, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = c.layer_index,
                              .rope_theta = 10000.0, .causal = c.causal, .rope_scaling = llama3});
     check_module(mh, {c.batch, c.seq, 12}, "MultiHead C=12 D=4 " + describe(c), 10);
+  }
+}
+
+namespace {
+// MultiHead rotating by a caller's rope_table, seen as testing::gradcheck sees a module.
+struct multihead_with_table {
+  using value_type = double;
+  using saved_type = MultiHead<double, 4>::saved_type;
+  MultiHead<double, 4>& module;
+  MultiHead<double, 4>::rope_table_type table;
+  void forward(cview<double, 3> x, TensorView<double, 3> y, saved_type& s) const { module.forward(x, y, s, {}, table); }
+  void backward(cview<double, 3> x, cview<double, 3> dy, const saved_type& s, TensorView<double, 3> dx) {
+    module.backward(x, dy, s, dx, table);
+  }
+  std::vector<parameter_ref<double>> parameters() { return module.parameters(); }
+  const policy::reference& policy() const { return module.policy(); }
+  shape_t<3> output_shape(const shape_t<3>& input) const { return input; }
+};
+}  // namespace
+
+TEST_CASE("gradcheck: MultiHead with a caller's rope table") {
+  // Entries drawn at random, so neither unit pairs nor a theta's angles: the
+  // backward must transpose exactly what the forward applied. More rows than positions.
+  const auto cos = random_tensor<double, 2>({9, 2}, 21), sin = random_tensor<double, 2>({9, 2}, 22);
+  for (const auto& c : {attention_cases[0], attention_cases[2], attention_cases[3]}) {
+    MultiHead<double, 4> mh({.d_model = 12, .heads = c.heads, .kv_heads = c.kv_heads, .layer_index = c.layer_index,
+                             .causal = c.causal});
+    multihead_with_table adapter{mh, {cos.const_view(), sin.const_view()}};
+    check_module(adapter, {c.batch, c.seq, 12}, "MultiHead with a rope table, C=12 D=4 " + describe(c), 23);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <initializer_list>
 #include <span>
@@ -84,20 +85,31 @@ std::string shape_text(std::initializer_list<std::pair<const char*, std::vector<
   return text;
 }
 
-// Attention's shapes: q [B, N, H, Maps, d], k [B, N, G, Maps, d], v [B, N, G, dv] (dv = Maps · d, as the modules have it).
+// Attention's shapes: q [B, N, H, Maps, d], k [B, M, G, Maps, d], v [B, M, G, dv] (dv = Maps · d, as the modules
+// have it); M = 0 means M = N. lambda (Maps = 2): [1], or [H] with per_head_lambda.
 struct attention_shape {
   index_t B, N, H, G, d;
   bool causal;
+  index_t M = 0;
+  bool per_head_lambda = false;
+  index_t keys() const { return M == 0 ? N : M; }
   template <int Maps>
   std::string text() const {
     return "Maps = " + std::to_string(Maps) + ", " +
-           shape_text({{"q", {B, N, H, Maps, d}}, {"k", {B, N, G, Maps, d}}, {"v", {B, N, G, Maps * d}}}) +
-           (causal ? ", causal" : ", not causal");
+           shape_text({{"q", {B, N, H, Maps, d}}, {"k", {B, keys(), G, Maps, d}}, {"v", {B, keys(), G, Maps * d}}}) +
+           (causal ? ", causal" : ", not causal") + (per_head_lambda ? ", a lambda per head" : "");
   }
 };
-constexpr attention_shape attention_shapes[] = {{2, 13, 4, 2, 8, true}, {1, 7, 3, 3, 6, false}, {1, 1, 2, 1, 4, true}};
+// The modules' shapes (M = N, one lambda), then M != N with a lambda per head:
+// the queries the last N of M positions (causal), or fewer keys than queries
+// (not causal); N = 70 over M = 150 crosses the simd kernels' 64-wide tiles
+// off their grid, on one pair of (batch row, group) and on two.
+constexpr attention_shape attention_shapes[] = {
+    {2, 13, 4, 2, 8, true},        {1, 7, 3, 3, 6, false},         {1, 1, 2, 1, 4, true},
+    {2, 13, 4, 2, 8, true, 29, true}, {1, 7, 3, 3, 6, false, 4, true}, {1, 70, 2, 1, 8, true, 150, true},
+    {1, 70, 4, 2, 6, false, 131, true}};
 
-// The attention inputs of one shape; lambda (Maps = 2) a fixed 0.3.
+// The attention inputs of one shape; lambda (Maps = 2) 0.3, or 0.3 + 0.2 h for head h.
 template <int Maps, class S, class R>
 struct attention_inputs {
   Tensor<S, 5> q, k;
@@ -105,10 +117,10 @@ struct attention_inputs {
   Tensor<accum_t<S>, 1> lambda;
   explicit attention_inputs(const attention_shape& a)
       : q(input<S, R>(shape_t<5>{a.B, a.N, a.H, Maps, a.d}, 1)),
-        k(input<S, R>(shape_t<5>{a.B, a.N, a.G, Maps, a.d}, 2)),
-        v(input<S, R>(shape_t<4>{a.B, a.N, a.G, Maps * a.d}, 3)),
-        lambda(shape_t<1>{Maps == 2 ? 1 : 0}) {
-    if (Maps == 2) lambda(0) = accum_t<S>(0.3);
+        k(input<S, R>(shape_t<5>{a.B, a.keys(), a.G, Maps, a.d}, 2)),
+        v(input<S, R>(shape_t<4>{a.B, a.keys(), a.G, Maps * a.d}, 3)),
+        lambda(shape_t<1>{Maps == 2 ? (a.per_head_lambda ? a.H : 1) : 0}) {
+    for (index_t h = 0; h < lambda.size(); ++h) lambda(h) = accum_t<S>(0.3 + 0.2 * static_cast<double>(h));
   }
 };
 
@@ -239,6 +251,39 @@ TEST_CASE("ops: rope forward and backward, with linear and llama3 scaling") {
                  return std::vector<output>{result(forward ? "x rotated" : "dx rotated back", x)};
                });
   }
+}
+
+TEST_CASE("ops: rope forward and backward with a caller's table") {
+  // Entries drawn at random (neither unit pairs nor a theta's angles), more
+  // rows than positions, an offset into them.
+  const shape_t<4> shape{2, 9, 3, 12};
+  const index_t offset = 4;
+  const std::string shapes = shape_text({{"x", {2, 9, 3, 12}}, {"table.cos, table.sin", {15, 6}}}) + ", offset 4";
+  for (const bool forward : {true, false})
+    check_op(forward ? "rope_forward" : "rope_backward", shapes, forward ? bar::forward : bar::backward,
+             [&]<class S, class R>(const auto& p) {
+               auto x = input<S, R>(shape, 1);
+               const auto cos = input<accum_t<S>, R>(shape_t<2>{15, 6}, 2), sin = input<accum_t<S>, R>(shape_t<2>{15, 6}, 3);
+               const rope_table<accum_t<S>> table{cos.const_view(), sin.const_view()};
+               if (forward)
+                 rope_forward(p, x.view(), offset, table);
+               else
+                 rope_backward(p, x.view(), offset, table);
+               return std::vector<output>{result(forward ? "x rotated" : "dx rotated back", x)};
+             });
+  // A table of theta's own angles rotates as theta does: the same pairs, the same formula.
+  auto by_theta = input<double, double>(shape, 4);
+  auto by_table = by_theta;
+  Tensor<double, 2> cos(shape_t<2>{15, 6}), sin(shape_t<2>{15, 6});
+  for (index_t p = 0; p < 15; ++p)
+    for (index_t i = 0; i < 6; ++i) {
+      const double angle = static_cast<double>(p) * rope_inverse_frequency(500.0, {}, i, 12);
+      cos(p, i) = std::cos(angle);
+      sin(p, i) = std::sin(angle);
+    }
+  rope_forward(policy::reference{}, by_theta.view(), offset, 500.0);
+  rope_forward(policy::reference{}, by_table.view(), offset, rope_table<double>{cos.const_view(), sin.const_view()});
+  CHECK(testing::normwise_difference(by_table.data(), by_theta.data(), by_theta.size()) == 0.0);
 }
 
 TEST_CASE("ops: swiglu gate forward and backward") {

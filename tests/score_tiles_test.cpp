@@ -151,14 +151,14 @@ TEST_CASE("score tiles: int8 on AMX gives the exact sums' bits, at every depth s
 namespace {
 
 // The bfloat16 forward on a score kernel (nullptr: the float product) for
-// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,16]: o, and lse in float.
+// q [B,N,H,Maps,d], k [B,M,G,Maps,d], v [B,M,G,16]: o, and lse in float.
 template <int Maps>
-std::pair<Tensor<Eigen::bfloat16, 4>, Tensor<float, 4>> bf16_forward(index_t N, index_t d, bool causal,
+std::pair<Tensor<Eigen::bfloat16, 4>, Tensor<float, 4>> bf16_forward(index_t N, index_t M, index_t d, bool causal,
                                                                        simd_detail::bf16_score_tile_fn kernel) {
   const index_t B = 2, H = 4, G = 2;
   const auto q = test_support::random_tensor<Eigen::bfloat16, 5>({B, N, H, Maps, d}, 21);
-  const auto k = test_support::random_tensor<Eigen::bfloat16, 5>({B, N, G, Maps, d}, 22);
-  const auto v = test_support::random_tensor<Eigen::bfloat16, 4>({B, N, G, 16}, 23);
+  const auto k = test_support::random_tensor<Eigen::bfloat16, 5>({B, M, G, Maps, d}, 22);
+  const auto v = test_support::random_tensor<Eigen::bfloat16, 4>({B, M, G, 16}, 23);
   Tensor<float, 1> lambda(Maps == 2 ? shape_t<1>{1} : shape_t<1>{});
   if (Maps == 2) lambda(0) = 0.375f;
   Tensor<Eigen::bfloat16, 4> o({B, N, H, 16}), o2(Maps == 2 ? shape_t<4>{B, N, H, 16} : shape_t<4>{});
@@ -172,12 +172,15 @@ std::pair<Tensor<Eigen::bfloat16, 4>, Tensor<float, 4>> bf16_forward(index_t N, 
 template <int Maps>
 void check_bf16_scores(const std::string& name, simd_detail::bf16_score_tile_fn kernel) {
   // d = 64 steps by 16 pairs, 40 by 10, 6 by 3, 7 pads a pair; N = 1, a
-  // ragged tile and three tiles.
-  for (auto [N, causal, d] : {std::tuple<index_t, bool, index_t>{1, true, 64}, {70, true, 64}, {70, false, 40},
-                              {150, true, 6}, {9, false, 7}}) {
-    INFO(name << ", Maps = " << Maps << ", N = " << N << (causal ? " causal" : " non-causal") << ", d = " << d);
-    const auto [o, lse] = bf16_forward<Maps>(N, d, causal, kernel);
-    const auto [o_float, lse_float] = bf16_forward<Maps>(N, d, causal, nullptr);
+  // ragged tile and three tiles; M keys other than N queries (the queries the
+  // last N positions when causal), so query and key blocks are counted apart.
+  for (auto [N, M, causal, d] :
+       {std::tuple<index_t, index_t, bool, index_t>{1, 1, true, 64}, {70, 70, true, 64}, {70, 70, false, 40},
+        {150, 150, true, 6}, {9, 9, false, 7}, {70, 150, true, 64}, {130, 65, false, 40}}) {
+    INFO(name << ", Maps = " << Maps << ", N = " << N << ", M = " << M << (causal ? " causal" : " non-causal")
+              << ", d = " << d);
+    const auto [o, lse] = bf16_forward<Maps>(N, M, d, causal, kernel);
+    const auto [o_float, lse_float] = bf16_forward<Maps>(N, M, d, causal, nullptr);
     // The scores differ from the float product's only in the order of float
     // sums: lse (float, never rounded to bfloat16) within float's forward
     // bar; o within bfloat16's (a last-bit flip of its rounding).
@@ -224,16 +227,16 @@ struct bf16_gradients {
 };
 
 // The bfloat16 backward with S and dP on a score kernel (nullptr: the float
-// products) for q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv] on
+// products) for q [B,N,H,Maps,d], k [B,M,G,Maps,d], v [B,M,G,dv] on
 // `threads` threads, after a float-product forward (the same o and lse for
 // either kernel).
 template <int Maps>
-bf16_gradients bf16_backward(index_t N, index_t d, index_t dv, bool causal, int threads,
+bf16_gradients bf16_backward(index_t N, index_t M, index_t d, index_t dv, bool causal, int threads,
                              simd_detail::bf16_score_tile_fn kernel) {
   const index_t B = 2, H = 4, G = 2;
   const auto q = test_support::random_tensor<Eigen::bfloat16, 5>({B, N, H, Maps, d}, 31);
-  const auto k = test_support::random_tensor<Eigen::bfloat16, 5>({B, N, G, Maps, d}, 32);
-  const auto v = test_support::random_tensor<Eigen::bfloat16, 4>({B, N, G, dv}, 33);
+  const auto k = test_support::random_tensor<Eigen::bfloat16, 5>({B, M, G, Maps, d}, 32);
+  const auto v = test_support::random_tensor<Eigen::bfloat16, 4>({B, M, G, dv}, 33);
   const auto d_o = test_support::random_tensor<Eigen::bfloat16, 4>({B, N, H, dv}, 34);
   Tensor<float, 1> lambda(Maps == 2 ? shape_t<1>{1} : shape_t<1>{});
   if (Maps == 2) lambda(0) = 0.375f;
@@ -245,9 +248,11 @@ bf16_gradients bf16_backward(index_t N, index_t d, index_t dv, bool causal, int 
       logits_unquantized, inference_dtype::same, simd_detail::score_kernels{});
   bf16_gradients g{Tensor<Eigen::bfloat16, 5>(q.shape()), Tensor<Eigen::bfloat16, 5>(k.shape()),
                    Tensor<Eigen::bfloat16, 4>(v.shape()), 0.0f};
-  g.dlambda = simd_detail::fused_attention_backward<Maps, Eigen::bfloat16>(
-      p, q.const_view(), k.const_view(), v.const_view(), Maps == 2 ? lambda(0) : 0.0f, causal, o.const_view(),
-      o2.const_view(), lse.const_view(), d_o.const_view(), g.dq.view(), g.dk.view(), g.dv.view(), kernel);
+  Tensor<float, 1> dlambda(lambda.shape());
+  simd_detail::fused_attention_backward<Maps, Eigen::bfloat16>(
+      p, q.const_view(), k.const_view(), v.const_view(), lambda.const_view(), causal, o.const_view(), o2.const_view(),
+      lse.const_view(), d_o.const_view(), g.dq.view(), g.dk.view(), g.dv.view(), dlambda.view(), kernel);
+  if (Maps == 2) g.dlambda = dlambda(0);
   return g;
 }
 
@@ -274,14 +279,16 @@ void check_bf16_backward(const std::string& name, simd_detail::bf16_score_tile_f
   // As check_bf16_scores, with dv = d and 2d (7: an odd width, a zero pair
   // lane); 2 threads take whole (batch row, group) pairs, 3 share each pair's
   // key blocks.
-  for (auto [N, causal, d] : {std::tuple<index_t, bool, index_t>{1, true, 64}, {70, true, 64}, {70, false, 40},
-                              {150, true, 6}, {9, false, 7}})
+  for (auto [N, M, causal, d] :
+       {std::tuple<index_t, index_t, bool, index_t>{1, 1, true, 64}, {70, 70, true, 64}, {70, 70, false, 40},
+        {150, 150, true, 6}, {9, 9, false, 7}, {70, 150, true, 64}, {130, 65, false, 40}})
     for (index_t dv : {d, 2 * d})
       for (int threads : {2, 3}) {
-        INFO(name << ", Maps = " << Maps << ", N = " << N << ", " << std::string(causal ? "causal" : "non-causal")
-                  << ", d = " << d << ", dv = " << dv << ", " << threads << " threads");
-        const auto pairs = bf16_backward<Maps>(N, d, dv, causal, threads, kernel);
-        const auto floats = bf16_backward<Maps>(N, d, dv, causal, threads, nullptr);
+        INFO(name << ", Maps = " << Maps << ", N = " << N << ", M = " << M << ", "
+                  << std::string(causal ? "causal" : "non-causal") << ", d = " << d << ", dv = " << dv << ", "
+                  << threads << " threads");
+        const auto pairs = bf16_backward<Maps>(N, M, d, dv, causal, threads, kernel);
+        const auto floats = bf16_backward<Maps>(N, M, d, dv, causal, threads, nullptr);
         // S and dP differ from the float products only in the order of float
         // sums (each bfloat16 product is exact in float), so the float
         // gradients differ within float's backward bar, and rounding them to

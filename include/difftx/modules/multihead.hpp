@@ -68,6 +68,7 @@ class MultiHead {
     Tensor<T, 4> o;  // [B, N, h, 2D] (A1 - lambda A2) V, the subln input
     typename norm_type::saved_type subln;
     Tensor<T, 3> normed;  // [B, N, 2hD] subln output, the out_proj input
+    index_t rope_table_positions = 0;  // P of the forward's rope_table, 0 without one
 
     template <class F>
     void for_each_intermediate(const std::string& prefix, F&& f) const {
@@ -101,30 +102,48 @@ class MultiHead {
   double lambda_init() const noexcept { return attn_.lambda_init(); }
   shape_t<3> output_shape(const shape_t<3>& input) const noexcept { return input; }
 
+  // Rotation tables a caller gives in place of the config's RoPE (ops/rope.hpp):
+  // cos, sin [P, D/2], row p for position p.
+  using rope_table_type = rope_table<accum_t<T>>;
+
   // x [B, N, C] -> y [B, N, C]; or a packed batch x [1, total, C] with its
   // cu_seqlens (modules/sequences.hpp), each sequence attending within itself.
-  void forward(cview<T, 3> x, TensorView<T, 3> y, saved_type& s, sequence_offsets sequences = {}) const {
+  // With a rope_table, RoPE rotates by its entries instead of config's theta
+  // (positions from 0 in each sequence, as without); backward takes it again.
+  void forward(cview<T, 3> x, TensorView<T, 3> y, saved_type& s, sequence_offsets sequences = {},
+               const rope_table_type& table = {}) const {
     constexpr std::string_view where = "MultiHead::forward";
     check_input(where, x, y, sequences);
     project(x, s);
     detail::for_each_sequence(sequences, [&](const auto& seq) {
-      rope_forward(policy_, seq.rows(detail::rope_vectors(s.q)), 0, config_.rope_theta, config_.rope_scaling);
-      rope_forward(policy_, seq.rows(detail::rope_vectors(s.k)), 0, config_.rope_theta, config_.rope_scaling);
+      rotate(seq.rows(detail::rope_vectors(s.q)), table, true);
+      rotate(seq.rows(detail::rope_vectors(s.k)), table, true);
     });
     attn_.forward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), s.attn, sequences);
     output(s, y);
+    s.rope_table_positions = table.empty() ? 0 : table.positions();
     s.input_shape = x.shape();
   }
   // The same output, keeping no state (inference): only this call's scratch.
-  void forward(cview<T, 3> x, TensorView<T, 3> y, sequence_offsets sequences = {}) const {
+  void forward(cview<T, 3> x, TensorView<T, 3> y, sequence_offsets sequences = {},
+               const rope_table_type& table = {}) const {
     saved_type scratch;
-    forward(x, y, scratch, sequences);
+    forward(x, y, scratch, sequences, table);
   }
 
-  // dy [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates
-  void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx) {
+  // dy [B, N, C] -> dx [B, N, C] (assign); every parameter gradient accumulates.
+  // table: the forward's rope_table, if it had one.
+  void backward(cview<T, 3> x, cview<T, 3> dy, const saved_type& s, TensorView<T, 3> dx,
+                const rope_table_type& table = {}) {
     constexpr std::string_view where = "MultiHead::backward";
     detail::check_token_backward(where, x, dy, dx, s.input_shape, config_.d_model, policy_.memory().space());
+    require(table.empty() ? s.rope_table_positions == 0 : table.positions() == s.rope_table_positions, where, "table",
+            [&] {
+              return s.rope_table_positions == 0 ? std::string("none (the forward rotated by config.rope_theta)")
+                                                 : "the forward's rope_table of " +
+                                                       std::to_string(s.rope_table_positions) + " positions";
+            },
+            [&] { return table.empty() ? std::string("none") : std::to_string(table.positions()) + " positions"; });
     require_trainable(where);
     const index_t B = x.extent(0), N = x.extent(1), h = config_.heads, g = config_.kv_heads, D = config_.head_dim;
     auto& memory = policy_.memory();
@@ -139,8 +158,8 @@ class MultiHead {
     attn_.backward(s.q.view(), s.k.view(), s.v.view(), s.o.view(), d_o.view(), s.attn, dq.view(), dk.view(),
                    dv.view());
     detail::for_each_sequence(s.attn.sequences, [&](const auto& seq) {
-      rope_backward(policy_, seq.rows(detail::rope_vectors(dq)), 0, config_.rope_theta, config_.rope_scaling);
-      rope_backward(policy_, seq.rows(detail::rope_vectors(dk)), 0, config_.rope_theta, config_.rope_scaling);
+      rotate(seq.rows(detail::rope_vectors(dq)), table, false);
+      rotate(seq.rows(detail::rope_vectors(dk)), table, false);
     });
     q_proj_.backward(x, dq.view().template reshape<3>({B, N, 2 * h * D}), s.q_proj, dx);
     k_proj_.backward(x, dk.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj, dx, write_mode::add);
@@ -246,6 +265,20 @@ class MultiHead {
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
                    sequence_offsets sequences) const {
     detail::check_token_call(where, x, y, sequences, config_.d_model, policy_.memory().space());
+  }
+  // RoPE of a forward (or its backward) on vectors [B, N, V, D] from position
+  // 0: the caller's table where given, else config's theta and scaling.
+  void rotate(TensorView<T, 4> vectors, const rope_table_type& table, bool forward) const {
+    if (!table.empty()) {
+      if (forward)
+        rope_forward(policy_, vectors, 0, table);
+      else
+        rope_backward(policy_, vectors, 0, table);
+    } else if (forward) {
+      rope_forward(policy_, vectors, 0, config_.rope_theta, config_.rope_scaling);
+    } else {
+      rope_backward(policy_, vectors, 0, config_.rope_theta, config_.rope_scaling);
+    }
   }
   // x [B, N, C] -> s.q, s.k, s.v (not yet rotated)
   void project(cview<T, 3> x, saved_type& s) const {

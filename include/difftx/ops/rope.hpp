@@ -1,10 +1,11 @@
 // Rotary position embedding, interleaved pairs, applied in place to every
 // vector of size d in x[B, N, V, d] (V vectors per token: 2h query halves or
 // 2g key halves). Token n of every batch row sits at position p = offset + n.
-//   forward : (x[2i], x[2i+1]) <- (x[2i] cos a - x[2i+1] sin a, x[2i] sin a + x[2i+1] cos a),
-//             a = p · f_i, f_i = rope_inverse_frequency(theta, scaling, i, d)
-//   backward: the transpose of a rotation is the rotation by -a, so dx is the
-//             forward applied to dy with the angle negated (also in place).
+//   forward : (x[2i], x[2i+1]) <- (x[2i] c - x[2i+1] s, x[2i] s + x[2i+1] c),
+//             c = cos a, s = sin a, a = p · f_i, f_i = rope_inverse_frequency(theta, scaling, i, d);
+//             or, given a rope_table, c = table.cos(p, i), s = table.sin(p, i) as they are
+//   backward: the transpose of [[c, -s], [s, c]] is the same with -s, so dx is
+//             the forward applied to dy with s negated (also in place).
 // The frequencies of each scaling (transformers' rope_type) are in
 // docs/semantics.md, "RoPE frequencies".
 #pragma once
@@ -79,15 +80,51 @@ inline void check_rope_parameters(std::string_view where, std::string_view theta
           [&] { return std::to_string(s.high_freq_factor); });
 }
 
+// What every RoPE call needs of x and the offset.
 template <class X>
-void check_rope(std::string_view where, memory_space space, const X& x, const char* x_name, index_t offset,
-                double theta, const rope_scaling& scaling) {
+void check_rope_vectors(std::string_view where, memory_space space, const X& x, const char* x_name, index_t offset) {
   require_nonempty(where, x_name, x);
   require(x.extent(3) % 2 == 0, where, x_name, "an even vector size d (interleaved pairs)",
           [&] { return "d = " + std::to_string(x.extent(3)); });
   require(offset >= 0, where, "offset", "a position offset >= 0", [&] { return std::to_string(offset); });
-  check_rope_parameters(where, "theta", theta, "scaling", scaling);
   require_all_in(where, space, {{x_name, x.space()}});
+}
+
+template <class X>
+void check_rope(std::string_view where, memory_space space, const X& x, const char* x_name, index_t offset,
+                double theta, const rope_scaling& scaling) {
+  check_rope_vectors(where, space, x, x_name, offset);
+  check_rope_parameters(where, "theta", theta, "scaling", scaling);
+}
+
+}  // namespace detail
+
+// Caller-given rotation tables, the (cos, sin) pair of FlashAttention's
+// apply_rotary_emb and the Differential Transformer's rel_pos: cos and sin
+// [P, d/2] in the accumulation type, row p for position p. They are read as
+// given, not recomputed from a theta, so any rotation (another frequency
+// rule, tables rounded to a storage type) is applied exactly as the caller's
+// own code applies it. Empty: the caller gives none.
+template <class A>
+struct rope_table {
+  TensorView<const A, 2> cos, sin;
+  bool empty() const noexcept { return cos.empty(); }
+  index_t positions() const noexcept { return cos.extent(0); }
+};
+
+namespace detail {
+
+// A table's shapes against x [B, N, V, d] at offset: [P, d/2] each, P >= offset + N.
+template <class X, class A>
+void check_rope(std::string_view where, memory_space space, const X& x, const char* x_name, index_t offset,
+                const rope_table<A>& table) {
+  check_rope_vectors(where, space, x, x_name, offset);
+  const index_t half = x.extent(3) / 2, needed = offset + x.extent(1);
+  require(table.cos.extent(1) == half && table.cos.extent(0) >= needed, where, "table.cos",
+          [&] { return "shape [P, " + std::to_string(half) + "] with P >= " + std::to_string(needed); },
+          [&] { return shape_string(table.cos.shape()); });
+  require_shape(where, "table.sin", table.sin, table.cos.shape());
+  require_all_in(where, space, {{"table.cos", table.cos.space()}, {"table.sin", table.sin.space()}});
 }
 
 }  // namespace detail

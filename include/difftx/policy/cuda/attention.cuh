@@ -54,6 +54,18 @@ void require_head_size(std::string_view where, const Q& q) {
   require(q.extent(4) <= 128, where, "q", "a head size d <= 128 on the CUDA policy", "d = " + std::to_string(q.extent(4)));
 }
 
+// What the CUDA kernels take of the op's shapes (ops/attention.hpp allows
+// more, which the CPU policies run): as many keys as queries, and one lambda
+// for every head. Their kernels and cuDNN's graphs index keys by the query
+// count and read lambda[0]; the general case waits for a session with a GPU.
+template <class Q, class K, class L>
+void require_square_shared_lambda(std::string_view where, const Q& q, const K& k, const L& lambda) {
+  require(k.extent(1) == q.extent(1), where, "k", "as many keys as queries (M = N) on the CUDA policy",
+          [&] { return "M = " + std::to_string(k.extent(1)) + ", N = " + std::to_string(q.extent(1)); });
+  require(lambda.extent(0) <= 1, where, "lambda", "shape [1] (one for every head) on the CUDA policy",
+          [&] { return shape_string(lambda.shape()); });
+}
+
 // Whether a packed call goes to cuDNN's ragged layout: asked for
 // (policy.cudnn_ragged), and two sequences or more.
 inline bool ragged_requested(const policy::cuda& p, sequence_offsets sequences) {
@@ -70,6 +82,7 @@ void check_packed_call(std::string_view where, const Q& q, sequence_offsets sequ
 
 // q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
 //   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
+// (the CUDA kernels' part of ops/attention.hpp: M = N, one lambda)
 template <int Maps, class T>
   requires supported_by<policy::cuda, T>
 void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
@@ -80,8 +93,9 @@ void attention_forward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvie
   using A = accum_t<T>;
   static_assert(std::is_same_v<A, device_accum_t<DT>>, "lambda and lse are in the kernels' accumulation type");
   constexpr std::string_view where = "attention_forward";
-  detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, "o");
+  detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, causal, o, o2, lse, "o");
   require_head_size(where, q);
+  require_square_shared_lambda(where, q, k, lambda);
   require_attention_available(where, p.attention, built_with_cudnn);
   const auto s = shape_of(q, k, v, causal);
 #if defined(DIFFTX_CUDNN)
@@ -136,9 +150,10 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
   using A = accum_t<T>;
   static_assert(std::is_same_v<A, device_accum_t<DT>>, "lambda, lse and dlambda are in the kernels' accumulation type");
   constexpr std::string_view where = "attention_backward";
-  detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
-                                         dlambda);
+  detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, causal, o, o2, lse, d_o, dq, dk,
+                                         dv, dlambda);
   require_head_size(where, q);
+  require_square_shared_lambda(where, q, k, lambda);
   require_attention_available(where, p.attention, built_with_cudnn);
   const auto s = shape_of(q, k, v, causal);
 #if defined(DIFFTX_CUDNN)
@@ -224,8 +239,9 @@ bool attention_forward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5> 
   } else {
     if (!ragged_requested(p, sequences)) return false;
     constexpr std::string_view where = "attention_forward";
-    detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, "o");
+    detail::check_attention<Maps>(where, memory_space::device, q, k, v, lambda, causal, o, o2, lse, "o");
     check_packed_call(where, q, sequences);
+    require_square_shared_lambda(where, q, k, lambda);
     const auto s = shape_of(q, k, v, causal);
     if (!try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), Maps == 2 ? o2.data() : o.data()}) ||
         !cudnn_attention_forward<Maps>(p, s, sequences, q.data(), k.data(), v.data(),
@@ -252,9 +268,10 @@ bool attention_backward_packed(const policy::cuda& p, cview<T, 5> q, cview<T, 5>
   } else {
     if (!ragged_requested(p, sequences) || v.extent(3) > ragged_backward_max_dv) return false;
     constexpr std::string_view where = "attention_backward";
-    detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
-                                           dlambda);
+    detail::check_attention_backward<Maps>(where, memory_space::device, q, k, v, lambda, causal, o, o2, lse, d_o, dq,
+                                           dk, dv, dlambda);
     check_packed_call(where, q, sequences);
+    require_square_shared_lambda(where, q, k, lambda);
     const auto s = shape_of(q, k, v, causal);
     if (!try_cudnn<T>(p, s, {q.data(), k.data(), v.data(), o.data(), d_o.data(), dq.data(), dk.data(), dv.data(),
                              Maps == 2 ? o2.data() : o.data()}) ||

@@ -94,7 +94,7 @@ int8_rows<accum_t<T>> int8_vectors(cview<T, 5> x, const accum_t<T>& factor) {
 
 }  // namespace detail
 
-// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
+// q [B,N,H,Maps,d], k [B,M,G,Maps,d], v [B,M,G,dv], lambda [1] or [H] (Maps = 2)
 //   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
 // logit_bits: 16, or the logits quantized to 4..8 bits (ops/logit_quantization.hpp).
 template <int Maps, Scalar T>
@@ -103,11 +103,12 @@ void attention_forward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, c
                        TensorView<accum_t<T>, 4> lse, int logit_bits = logits_unquantized,
                        inference_dtype qk = inference_dtype::same) {
   constexpr std::string_view where = "attention_forward";
-  detail::check_attention<Maps>(where, memory_space::host, q, k, v, lambda, o, o2, lse, "o");
+  detail::check_attention<Maps>(where, memory_space::host, q, k, v, lambda, causal, o, o2, lse, "o");
   detail::check_logit_bits<accum_t<T>>(where, logit_bits);
   detail::check_qk_dtype<accum_t<T>>(where, qk, q.extent(4));
   using A = accum_t<T>;
-  const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), d = q.extent(4);
+  const index_t B = q.extent(0), N = q.extent(1), M = k.extent(1), H = q.extent(2), d = q.extent(4);
+  const detail::head_lambdas<A> lambdas(lambda);
   const index_t group_size = H / k.extent(2), dv = v.extent(3);
   const A scale = A(1.0) / scalar_traits<T>::sqrt(A(static_cast<double>(d)));
   std::vector<A> s;
@@ -124,13 +125,13 @@ void attention_forward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, c
     for (index_t h = 0; h < H; ++h) {
       const index_t j = h / group_size;
       for (index_t i = 0; i < N; ++i) {
-        const index_t kv_end = causal ? i + 1 : N;
+        const index_t kv_end = causal ? i + 1 + M - N : M;
         for (index_t m = 0; m < Maps; ++m) {
           if (int8_qk) {  // s_t = A(Σ q8·k8) · step_q · step_k
             s.resize(static_cast<std::size_t>(kv_end));
             const index_t qr = ((b * N + i) * H + h) * Maps + m;
             for (index_t t = 0; t < kv_end; ++t) {
-              const index_t kr = ((b * N + t) * G + j) * Maps + m;
+              const index_t kr = ((b * M + t) * G + j) * Maps + m;
               std::int32_t dot = 0;
               for (index_t c = 0; c < d; ++c) dot += std::int32_t{q8.row(qr)[c]} * std::int32_t{k8.row(kr)[c]};
               s[static_cast<std::size_t>(t)] = A(static_cast<double>(dot)) * q8.steps[static_cast<std::size_t>(qr)] *
@@ -144,7 +145,7 @@ void attention_forward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, c
         for (index_t c = 0; c < dv; ++c) {
           if constexpr (Maps == 2) {
             const A o_second = o_maps[static_cast<std::size_t>(dv + c)];
-            o(b, i, h, c) = store<T>(o_maps[static_cast<std::size_t>(c)] - lambda(0) * o_second);
+            o(b, i, h, c) = store<T>(o_maps[static_cast<std::size_t>(c)] - lambdas(h) * o_second);
             o2(b, i, h, c) = store<T>(o_second);
           } else {
             o(b, i, h, c) = store<T>(o_maps[static_cast<std::size_t>(c)]);
@@ -154,42 +155,44 @@ void attention_forward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, c
     }
 }
 
-// do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,N,G,Maps,d], dv [B,N,G,dv], dlambda [1] (all assigned)
+// do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,M,G,Maps,d], dv [B,M,G,dv], dlambda like lambda (all assigned)
 template <int Maps, Scalar T>
 void attention_backward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
                         cview<accum_t<T>, 1> lambda, bool causal, cview<T, 4> o, cview<T, 4> o2,
                         cview<accum_t<T>, 4> lse, cview<T, 4> d_o, TensorView<T, 5> dq, TensorView<T, 5> dk,
                         TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda) {
   constexpr std::string_view where = "attention_backward";
-  detail::check_attention_backward<Maps>(where, memory_space::host, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
-                                         dlambda);
+  detail::check_attention_backward<Maps>(where, memory_space::host, q, k, v, lambda, causal, o, o2, lse, d_o, dq, dk,
+                                         dv, dlambda);
   using A = accum_t<T>;
-  const index_t B = q.extent(0), N = q.extent(1), H = q.extent(2), G = k.extent(2), d = q.extent(4);
+  const index_t B = q.extent(0), N = q.extent(1), M = k.extent(1), H = q.extent(2), G = k.extent(2), d = q.extent(4);
   const index_t group_size = H / G, dv_size = v.extent(3);
   const A scale = A(1.0) / scalar_traits<T>::sqrt(A(static_cast<double>(d)));
-  // c_1 = 1, c_2 = -lambda: the weight of each map in O.
-  A coeff[2] = {A(1.0), A(0.0)};
-  if constexpr (Maps == 2) coeff[1] = -lambda(0);
+  const detail::head_lambdas<A> lambdas(lambda);
 
   // dK and dV sum over the heads of a group and over queries: accumulate in A.
   std::vector<A> dk_acc(static_cast<std::size_t>(dk.size()), A(0.0));
   std::vector<A> dv_acc(static_cast<std::size_t>(dv.size()), A(0.0));
   auto dk_at = [&](index_t b, index_t t, index_t j, index_t m, index_t c) -> A& {
-    return dk_acc[static_cast<std::size_t>((((b * N + t) * G + j) * Maps + m) * d + c)];
+    return dk_acc[static_cast<std::size_t>((((b * M + t) * G + j) * Maps + m) * d + c)];
   };
   auto dv_at = [&](index_t b, index_t t, index_t j, index_t c) -> A& {
-    return dv_acc[static_cast<std::size_t>(((b * N + t) * G + j) * dv_size + c)];
+    return dv_acc[static_cast<std::size_t>(((b * M + t) * G + j) * dv_size + c)];
   };
-  std::vector<std::vector<A>> p(Maps, std::vector<A>(static_cast<std::size_t>(N), A(0.0)));
-  std::vector<A> dp(static_cast<std::size_t>(N), A(0.0));
+  std::vector<std::vector<A>> p(Maps, std::vector<A>(static_cast<std::size_t>(M), A(0.0)));
+  std::vector<A> dp(static_cast<std::size_t>(M), A(0.0));
   std::vector<A> dq_row(static_cast<std::size_t>(d), A(0.0));
-  A dlambda_acc(0.0);
+  std::vector<A> dlambda_heads(static_cast<std::size_t>(H), A(0.0));
 
   for (index_t b = 0; b < B; ++b)
     for (index_t h = 0; h < H; ++h) {
       const index_t j = h / group_size;
+      // c_1 = 1, c_2 = -lambda_h: the weight of each map in O.
+      A coeff[2] = {A(1.0), A(0.0)};
+      if constexpr (Maps == 2) coeff[1] = -lambdas(h);
+      A& dlambda_acc = dlambda_heads[static_cast<std::size_t>(h)];
       for (index_t i = 0; i < N; ++i) {
-        const index_t kv_end = causal ? i + 1 : N;
+        const index_t kv_end = causal ? i + 1 + M - N : M;
         for (index_t m = 0; m < Maps; ++m)
           detail::attention_row_probabilities<T>(q, k, b, i, h, j, m, kv_end, scale, lse(b, h, m, i),
                                                  p[static_cast<std::size_t>(m)]);
@@ -204,7 +207,7 @@ void attention_backward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, 
           const A grad = load(d_o(b, i, h, c));
           if constexpr (Maps == 2) {
             const A o_second = load(o2(b, i, h, c));
-            rowsum_do_o[0] = rowsum_do_o[0] + grad * (load(o(b, i, h, c)) + lambda(0) * o_second);
+            rowsum_do_o[0] = rowsum_do_o[0] + grad * (load(o(b, i, h, c)) + lambdas(h) * o_second);
             rowsum_do_o[1] = rowsum_do_o[1] + grad * o_second;
           } else {
             rowsum_do_o[0] = rowsum_do_o[0] + grad * load(o(b, i, h, c));
@@ -235,7 +238,7 @@ void attention_backward(const policy::reference&, cview<T, 5> q, cview<T, 5> k, 
     }
   for (index_t e = 0; e < dk.size(); ++e) dk.data()[e] = store<T>(dk_acc[static_cast<std::size_t>(e)]);
   for (index_t e = 0; e < dv.size(); ++e) dv.data()[e] = store<T>(dv_acc[static_cast<std::size_t>(e)]);
-  if constexpr (Maps == 2) dlambda(0) = dlambda_acc;
+  if constexpr (Maps == 2) detail::store_head_sums(dlambda_heads, dlambda);
 }
 
 }  // namespace difftx

@@ -52,17 +52,17 @@ void fused_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k
                              cview<accum_t<T>, 1> lambda, bool causal, TensorView<T, 4> o, TensorView<T, 4> o2,
                              TensorView<accum_t<T>, 4> lse, int logit_bits, inference_dtype qk,
                              score_kernels kernels) {
-  const accum_t<T> lam = Maps == 2 ? lambda(0) : accum_t<T>(0);
+  const detail::head_lambdas<accum_t<T>> lambdas(lambda);
   if (logit_bits != logits_unquantized || qk == inference_dtype::int8) {
-    low_bit_attention_forward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse, logit_bits, qk, kernels.int8);
+    low_bit_attention_forward<Maps, T>(p, q, k, v, lambdas, causal, o, o2, lse, logit_bits, qk, kernels.int8);
     return;
   }
   if constexpr (std::is_same_v<T, Eigen::bfloat16>)
     if (kernels.bf16) {
-      bf16_tile_attention_forward<Maps>(p, q, k, v, lam, causal, o, o2, lse, kernels.bf16);
+      bf16_tile_attention_forward<Maps>(p, q, k, v, lambdas, causal, o, o2, lse, kernels.bf16);
       return;
     }
-  float_attention_forward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse);
+  float_attention_forward<Maps, T>(p, q, k, v, lambdas, causal, o, o2, lse);
 }
 
 }  // namespace simd_detail
@@ -79,7 +79,7 @@ const char* policy::simd::score_tile_kernel(int logit_bits, inference_dtype qk) 
   return "float";
 }
 
-// q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv], lambda [1] (Maps = 2)
+// q [B,N,H,Maps,d], k [B,M,G,Maps,d], v [B,M,G,dv], lambda [1] or [H] (Maps = 2)
 //   -> o [B,N,H,dv]; saved o2 [B,N,H,dv] (Maps = 2), lse [B,H,Maps,N]
 // logit_bits: 16, or the logits quantized to 4..8 bits (ops/logit_quantization.hpp):
 // each item then sweeps its keys twice, first for every row's largest |logit|.
@@ -92,14 +92,14 @@ void attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvie
                        inference_dtype qk = inference_dtype::same) {
   using A = accum_t<T>;
   constexpr std::string_view where = "attention_forward";
-  detail::check_attention<Maps>(where, memory_space::host, q, k, v, lambda, o, o2, lse, "o");
+  detail::check_attention<Maps>(where, memory_space::host, q, k, v, lambda, causal, o, o2, lse, "o");
   detail::check_logit_bits<A>(where, logit_bits);
   detail::check_qk_dtype<A>(where, qk, q.extent(4));
   simd_detail::fused_attention_forward<Maps, T>(p, q, k, v, lambda, causal, o, o2, lse, logit_bits, qk,
                                                 simd_detail::score_kernels_for<A>(p));
 }
 
-// do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,N,G,Maps,d], dv [B,N,G,dv], dlambda [1] (all assigned)
+// do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,M,G,Maps,d], dv [B,M,G,dv], dlambda like lambda (all assigned)
 template <int Maps, class T>
   requires supported_by<policy::simd, T>
 void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
@@ -108,13 +108,10 @@ void attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cvi
                         TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda) {
   using A = accum_t<T>;
   constexpr std::string_view where = "attention_backward";
-  detail::check_attention_backward<Maps>(where, memory_space::host, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv,
-                                         dlambda);
-  const A lam = Maps == 2 ? lambda(0) : A(0);
-  const A dlambda_total =
-      simd_detail::fused_attention_backward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse, d_o, dq, dk, dv,
-                                                     simd_detail::score_kernels_for<A>(p).bf16);
-  if constexpr (Maps == 2) dlambda(0) = dlambda_total;
+  detail::check_attention_backward<Maps>(where, memory_space::host, q, k, v, lambda, causal, o, o2, lse, d_o, dq, dk,
+                                         dv, dlambda);
+  simd_detail::fused_attention_backward<Maps, T>(p, q, k, v, lambda, causal, o, o2, lse, d_o, dq, dk, dv, dlambda,
+                                                 simd_detail::score_kernels_for<A>(p).bf16);
 }
 
 }  // namespace difftx

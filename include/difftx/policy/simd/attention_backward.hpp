@@ -2,11 +2,11 @@
 // difftx/ops/attention.hpp), FlashAttention-2's: probabilities are recomputed
 // from the saved log-sum-exp, memory stays linear in N.
 //
-// First D_m = rowsum(dO ⊙ O_m) of every row and dλ. Then per (batch row,
-// group) pair: its keys, queries and output gradients packed as A, and per
-// key block of 64: dK and dV of the block stay in the thread's tiles while
-// every query block of every head of the group that sees these keys passes
-// by, and dQ's contributions go to a [r][Maps][n_pad][d] accumulator. When the
+// First D_m = rowsum(dO ⊙ O_m) of every row and each head's dλ. Then per
+// (batch row, group) pair: its keys, queries and output gradients packed as
+// A, and per key block of 64: dK and dV of the block stay in the thread's
+// tiles while every query block of every head of the group that sees these
+// keys passes by, and dQ's contributions go to a [r][Maps][n_pad][d] accumulator. When the
 // pairs keep every thread busy (a multiple of the thread count, or at least 4
 // per thread), each thread takes whole pairs and owns their dQ; else the
 // threads share a pair's key blocks, each with a dQ accumulator, summed at the
@@ -30,7 +30,7 @@ namespace difftx::simd_detail {
 template <class A>
 struct packed_pair {
   packed_keys<A> keys;
-  aligned_vector<A> q;    // [r][Maps][n_pad][d], scaled by 1/sqrt(d)
+  aligned_vector<A> q;    // [r][Maps][n_pad][d], scaled by 1/sqrt(d) (n_pad: N rounded up to blocks)
   aligned_vector<A> d_o;  // [r][n_pad][dv]
   bf16_backward_pairs pairs;  // S_m's and dP's bfloat16 operands, where they run on pairs (else empty)
 };
@@ -68,49 +68,52 @@ void add_scaled_tile(const A* x, A a, const A* y, A* out) {
 }
 
 // One backward call: its operands, sizes, and D_m of every row. The phases
-// below are its member functions, in the order they run.
+// below are its member functions, in the order they run. N queries, M keys.
 template <int Maps, class T>
 struct attention_backward_pass {
   using A = accum_t<T>;
   static constexpr index_t Bs = attention_block;
   cview<T, 5> q, k;
   cview<T, 4> v;
-  bool causal;
   cview<T, 4> o, o2;
   cview<A, 4> lse;
   cview<T, 4> d_o;
   TensorView<T, 5> dq, dk;
   TensorView<T, 4> dv;
-  index_t B, N, H, G, d, r, dv_size, n_pad, blocks, pairs;
-  A scale, lam;
-  A coeff[2];                   // the weight of each map in O: 1, -λ
+  index_t B, N, M, H, G, d, r, dv_size, n_pad, blocks, key_blocks, pairs;
+  key_window window;
+  A scale;
+  detail::head_lambdas<A> lambdas;
   std::vector<A> rowsum_do_o;   // D_m [B][H][Maps][N]
   // S_m and dP on bfloat16 pairs where set (T = bfloat16 only), else float products.
   static constexpr bool bf16_inputs = std::is_same_v<T, Eigen::bfloat16>;
   bf16_score_tile_fn pair_tile;
 
-  attention_backward_pass(cview<T, 5> queries, cview<T, 5> keys, cview<T, 4> values, A lambda, bool is_causal,
-                          cview<T, 4> out, cview<T, 4> out2, cview<A, 4> log_sum_exp, cview<T, 4> out_grad,
-                          TensorView<T, 5> dq_out, TensorView<T, 5> dk_out, TensorView<T, 4> dv_out,
-                          bf16_score_tile_fn pair_kernel)
-      : q(queries), k(keys), v(values), causal(is_causal), o(out), o2(out2), lse(log_sum_exp), d_o(out_grad),
+  attention_backward_pass(cview<T, 5> queries, cview<T, 5> keys, cview<T, 4> values, cview<A, 1> lambda,
+                          bool is_causal, cview<T, 4> out, cview<T, 4> out2, cview<A, 4> log_sum_exp,
+                          cview<T, 4> out_grad, TensorView<T, 5> dq_out, TensorView<T, 5> dk_out,
+                          TensorView<T, 4> dv_out, bf16_score_tile_fn pair_kernel)
+      : q(queries), k(keys), v(values), o(out), o2(out2), lse(log_sum_exp), d_o(out_grad),
         dq(dq_out), dk(dk_out), dv(dv_out),
-        B(q.extent(0)), N(q.extent(1)), H(q.extent(2)), G(k.extent(2)), d(q.extent(4)), r(H / G),
-        dv_size(v.extent(3)), n_pad(round_up(N, Bs)), blocks(n_pad / Bs), pairs(B * G),
-        scale(A(1) / std::sqrt(static_cast<A>(d))), lam(lambda), coeff{A(1), -lambda},
+        B(q.extent(0)), N(q.extent(1)), M(k.extent(1)), H(q.extent(2)), G(k.extent(2)), d(q.extent(4)), r(H / G),
+        dv_size(v.extent(3)), n_pad(round_up(N, Bs)), blocks(n_pad / Bs), key_blocks(round_up(M, Bs) / Bs),
+        pairs(B * G), window{N, M, is_causal}, scale(A(1) / std::sqrt(static_cast<A>(d))), lambdas(lambda),
         rowsum_do_o(static_cast<std::size_t>(B * H * Maps * N)), pair_tile(bf16_inputs ? pair_kernel : nullptr) {}
 
   std::size_t dq_size() const { return static_cast<std::size_t>(r * Maps * n_pad * d); }
+  // c_m, the weight of map m in head h's output: 1, -λ_h.
+  A coefficient(index_t h, index_t m) const { return m == 0 ? A(1) : -lambdas(h); }
   A rowsum(index_t b, index_t h, index_t m, index_t i) const {
     return rowsum_do_o[static_cast<std::size_t>(((b * H + h) * Maps + m) * N + i)];
   }
 
-  // D_m = rowsum(dO ⊙ O_m) for every row, with O_1 = O + λ O_2; returns dλ = -Σ D_2.
-  A output_rowsums(int threads) {
-    A dlambda_total(0);
-#pragma omp parallel num_threads(threads) reduction(+ : dlambda_total)
+  // D_m = rowsum(dO ⊙ O_m) for every row, with O_1 = O + λ_h O_2; returns
+  // each head's dλ_h = -Σ D_2 over its rows.
+  std::vector<A> output_rowsums(int threads) {
+    std::vector<A> dlambda_heads(static_cast<std::size_t>(H), A(0));
+#pragma omp parallel num_threads(threads)
     {
-      std::vector<A> scratch_do, scratch_o, scratch_o2;
+      std::vector<A> scratch_do, scratch_o, scratch_o2, partial(static_cast<std::size_t>(H), A(0));
 #pragma omp for schedule(static)
       for (index_t row = 0; row < B * N * H; ++row) {
         const index_t b = row / (N * H), i = row / H % N, h = row % H;
@@ -121,27 +124,35 @@ struct attention_backward_pass {
         if constexpr (Maps == 2) {
           const A* second = accum_row(o2.data() + row * dv_size, dv_size, scratch_o2);
           const A d2 = dot(g, second, dv_size);
-          first += lam * d2;
+          first += lambdas(h) * d2;
           rowsum_do_o[static_cast<std::size_t>(((b * H + h) * Maps + 1) * N + i)] = d2;
-          dlambda_total -= d2;
+          partial[static_cast<std::size_t>(h)] -= d2;
         }
       }
+#pragma omp critical(difftx_attention_dlambda)
+      for (std::size_t h = 0; h < partial.size(); ++h) dlambda_heads[h] += partial[h];
     }
-    return dlambda_total;
+    return dlambda_heads;
   }
 
-  // packed sized for one pair (pack_block writes every element).
+  // packed sized for one pair (pack_key_block and pack_query_block write every element).
   void reset(packed_pair<A>& packed) const {
-    packed.keys.reset(N, Maps, d, dv_size, true);
+    packed.keys.reset(M, Maps, d, dv_size, true);
     packed.q.resize(static_cast<std::size_t>(r * Maps * n_pad * d));  // scaled by 1/sqrt(d)
     packed.d_o.resize(static_cast<std::size_t>(r * n_pad * dv_size));
-    if (pair_tile) packed.pairs.reset(N, Maps, r, d, dv_size);
+    if (pair_tile) packed.pairs.reset(N, M, Maps, r, d, dv_size);
   }
 
-  // Block kb of the pair's keys, queries (scaled) and output gradients into packed (zero past N).
-  void pack_block(index_t pair, index_t kb, packed_pair<A>& packed, std::vector<A>& scratch) const {
-    const index_t b = pair / G, j = pair % G, t0 = kb * Bs, rows = std::min(Bs, N - t0);
-    pack_key_block<Maps, T>(k, v, b, j, kb, packed.keys, scratch);
+  // Block kb of the pair's keys and values into packed (zero past M).
+  void pack_key_block(index_t pair, index_t kb, packed_pair<A>& packed, std::vector<A>& scratch) const {
+    simd_detail::pack_key_block<Maps, T>(k, v, pair / G, pair % G, kb, packed.keys, scratch);
+    if constexpr (bf16_inputs)
+      if (pair_tile) packed.pairs.pack_key_block(packed.keys, kb);
+  }
+
+  // Block qb of the pair's queries (scaled) and output gradients into packed (zero past N).
+  void pack_query_block(index_t pair, index_t qb, packed_pair<A>& packed) const {
+    const index_t b = pair / G, j = pair % G, t0 = qb * Bs, rows = std::min(Bs, N - t0);
     for (index_t hl = 0; hl < r; ++hl) {
       const index_t h = j * r + hl;
       for (index_t m = 0; m < Maps; ++m)
@@ -152,7 +163,7 @@ struct attention_backward_pass {
                       packed.d_o.data() + (hl * n_pad + t0) * dv_size);
     }
     if constexpr (bf16_inputs)
-      if (pair_tile) packed.pairs.pack_block(q, d_o, packed.keys, b, j, kb);
+      if (pair_tile) packed.pairs.pack_query_block(q, d_o, b, j, qb);
   }
 
   // S_m of query block i0 of head hl against key block kb, scaled by
@@ -188,13 +199,13 @@ struct attention_backward_pass {
       A* pm = p_maps + m * Bs * Bs;
       scores(packed, hl, m, i0, kb, pm);
       for (index_t i = 0; i < Bs; ++i) {
-        const index_t visible = visible_keys(i0 + i, kb * Bs, N, causal);
+        const index_t visible = window.visible(i0 + i, kb * Bs);
         const A row_lse = visible > 0 ? lse(b, h, m, i0 + i) : A(0);
         exponentiate(pm + i * Bs, visible, row_lse);
       }
     }
     if constexpr (Maps == 2) {
-      add_scaled_tile(p_maps, coeff[1], p_maps + Bs * Bs, tiles.weight.data());
+      add_scaled_tile(p_maps, coefficient(h, 1), p_maps + Bs * Bs, tiles.weight.data());
       return tiles.weight.data();
     }
     return p_maps;
@@ -204,10 +215,11 @@ struct attention_backward_pass {
   // into tiles.ds.
   void score_gradients(index_t b, index_t h, index_t m, index_t i0, backward_tiles<A>& tiles) const {
     const A *pm = tiles.probabilities.data() + m * Bs * Bs, *dp = tiles.dp.data();
+    const A c = coefficient(h, m);
     A* ds = tiles.ds.data();
     for (index_t i = 0; i < Bs; ++i) {
       const A row_sum = i0 + i < N ? rowsum(b, h, m, i0 + i) : A(0);
-      for (index_t t = 0; t < Bs; ++t) ds[i * Bs + t] = coeff[m] * pm[i * Bs + t] * (dp[i * Bs + t] - row_sum);
+      for (index_t t = 0; t < Bs; ++t) ds[i * Bs + t] = c * pm[i * Bs + t] * (dp[i * Bs + t] - row_sum);
     }
   }
 
@@ -225,7 +237,8 @@ struct attention_backward_pass {
     for (index_t m = 0; m < Maps; ++m) {
       score_gradients(b, h, m, i0, tiles);
       // dQ_m += dS_m K_m (scaled by 1/sqrt(d) when stored); dK_m += dS_mᵀ (Q_m / sqrt(d))
-      tile_product<a_layout::rows>(Bs, d, Bs, tiles.ds.data(), Bs, packed.keys.k.data() + (m * n_pad + t0) * d, d,
+      tile_product<a_layout::rows>(Bs, d, Bs, tiles.ds.data(), Bs,
+                                   packed.keys.k.data() + (m * packed.keys.n_pad + t0) * d, d,
                                    dq_acc + ((hl * Maps + m) * n_pad + i0) * d, d, true);
       tile_product<a_layout::transposed>(Bs, d, Bs, tiles.ds.data(), Bs,
                                          packed.q.data() + ((hl * Maps + m) * n_pad + i0) * d, d,
@@ -240,11 +253,12 @@ struct attention_backward_pass {
     std::fill(tiles.dk.begin(), tiles.dk.end(), A(0));
     std::fill(tiles.dv.begin(), tiles.dv.end(), A(0));
     for (index_t hl = 0; hl < r; ++hl)
-      for (index_t qb = causal ? kb : 0; qb < blocks; ++qb) query_block(packed, b, j * r + hl, hl, qb * Bs, kb, dq_acc, tiles);
-    for (index_t t = t0; t < std::min(N, t0 + Bs); ++t) {
+      for (index_t qb = window.first_query_block(t0); qb < blocks; ++qb)
+        query_block(packed, b, j * r + hl, hl, qb * Bs, kb, dq_acc, tiles);
+    for (index_t t = t0; t < std::min(M, t0 + Bs); ++t) {
       for (index_t m = 0; m < Maps; ++m)
-        from_accum(tiles.dk.data() + (m * Bs + t - t0) * d, d, dk.data() + (((b * N + t) * G + j) * Maps + m) * d);
-      from_accum(tiles.dv.data() + (t - t0) * dv_size, dv_size, dv.data() + ((b * N + t) * G + j) * dv_size);
+        from_accum(tiles.dk.data() + (m * Bs + t - t0) * d, d, dk.data() + (((b * M + t) * G + j) * Maps + m) * d);
+      from_accum(tiles.dv.data() + (t - t0) * dv_size, dv_size, dv.data() + ((b * M + t) * G + j) * dv_size);
     }
   }
 
@@ -276,9 +290,10 @@ struct attention_backward_pass {
 #pragma omp for schedule(dynamic, 1)
       for (index_t pair = 0; pair < pairs; ++pair) {
         reset(packed);
-        for (index_t kb = 0; kb < blocks; ++kb) pack_block(pair, kb, packed, scratch);
+        for (index_t kb = 0; kb < key_blocks; ++kb) pack_key_block(pair, kb, packed, scratch);
+        for (index_t qb = 0; qb < blocks; ++qb) pack_query_block(pair, qb, packed);
         dq_acc.assign(dq_size(), A(0));
-        for (index_t kb = 0; kb < blocks; ++kb) key_block(pair, packed, kb, dq_acc.data(), tiles);
+        for (index_t kb = 0; kb < key_blocks; ++kb) key_block(pair, packed, kb, dq_acc.data(), tiles);
         const std::vector<const A*> accumulators{dq_acc.data()};
         for (index_t i = 0; i < N; ++i) store_dq(pair, i, accumulators, scratch);
       }
@@ -296,8 +311,10 @@ struct attention_backward_pass {
 #pragma omp parallel num_threads(threads)
       {
         std::vector<A> scratch;
+#pragma omp for schedule(static) nowait
+        for (index_t kb = 0; kb < key_blocks; ++kb) pack_key_block(pair, kb, packed, scratch);
 #pragma omp for schedule(static)
-        for (index_t kb = 0; kb < blocks; ++kb) pack_block(pair, kb, packed, scratch);
+        for (index_t qb = 0; qb < blocks; ++qb) pack_query_block(pair, qb, packed);
 #if defined(_OPENMP)
         auto& dq_acc = dq_partial[static_cast<std::size_t>(omp_get_thread_num())];
 #else
@@ -306,7 +323,7 @@ struct attention_backward_pass {
         dq_acc.assign(dq_size(), A(0));
         backward_tiles<A> tiles(Maps, d, dv_size);
 #pragma omp for schedule(dynamic, 1)
-        for (index_t kb = 0; kb < blocks; ++kb) key_block(pair, packed, kb, dq_acc.data(), tiles);  // block 0 is the largest
+        for (index_t kb = 0; kb < key_blocks; ++kb) key_block(pair, packed, kb, dq_acc.data(), tiles);  // block 0 is the largest
         std::vector<const A*> accumulators;
         for (const auto& partial : dq_partial)
           if (!partial.empty()) accumulators.push_back(partial.data());
@@ -317,22 +334,23 @@ struct attention_backward_pass {
   }
 };
 
-// do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,N,G,Maps,d], dv [B,N,G,dv]
-// (assigned); returns dλ (Maps = 2). T = bfloat16: S_m and dP on pair_kernel's
-// bfloat16 tiles where set (bf16_score_tile; the tests pass models), else float.
+// do [B,N,H,dv] -> dq [B,N,H,Maps,d], dk [B,M,G,Maps,d], dv [B,M,G,dv] and,
+// for Maps = 2, dlambda like lambda (all assigned). T = bfloat16: S_m and dP
+// on pair_kernel's bfloat16 tiles where set (bf16_score_tile; the tests pass
+// models), else float.
 template <int Maps, class T>
-accum_t<T> fused_attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
-                                    accum_t<T> lam, bool causal, cview<T, 4> o, cview<T, 4> o2,
-                                    cview<accum_t<T>, 4> lse, cview<T, 4> d_o, TensorView<T, 5> dq,
-                                    TensorView<T, 5> dk, TensorView<T, 4> dv, bf16_score_tile_fn pair_kernel) {
+void fused_attention_backward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                              cview<accum_t<T>, 1> lambda, bool causal, cview<T, 4> o, cview<T, 4> o2,
+                              cview<accum_t<T>, 4> lse, cview<T, 4> d_o, TensorView<T, 5> dq, TensorView<T, 5> dk,
+                              TensorView<T, 4> dv, TensorView<accum_t<T>, 1> dlambda, bf16_score_tile_fn pair_kernel) {
   const int threads = thread_count(p);
-  attention_backward_pass<Maps, T> pass(q, k, v, lam, causal, o, o2, lse, d_o, dq, dk, dv, pair_kernel);
-  const accum_t<T> dlambda = pass.output_rowsums(threads);
+  attention_backward_pass<Maps, T> pass(q, k, v, lambda, causal, o, o2, lse, d_o, dq, dk, dv, pair_kernel);
+  const auto dlambda_heads = pass.output_rowsums(threads);
   if (pass.pairs % threads == 0 || pass.pairs >= 4 * threads)
     pass.whole_pairs_per_thread(threads);
   else
     pass.key_blocks_shared(threads);
-  return dlambda;
+  if constexpr (Maps == 2) detail::store_head_sums(dlambda_heads, dlambda);
 }
 
 }  // namespace difftx::simd_detail

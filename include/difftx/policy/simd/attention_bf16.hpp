@@ -137,7 +137,7 @@ struct bf16_tile_scores {
   bf16_tile_scores(cview<Eigen::bfloat16, 5> queries, const forward_shape& shape, bf16_score_tile_fn tile_kernel)
       : q(queries), d(shape.d), d2((shape.d + 1) / 2), scale(1.0f / std::sqrt(static_cast<float>(shape.d))),
         kernel(tile_kernel), keys2(static_cast<std::size_t>(shape.pairs)) {
-    for (auto& pair_keys : keys2) pair_keys.resize(static_cast<std::size_t>(round_up(shape.N, Bs) * Maps * 2 * d2));
+    for (auto& pair_keys : keys2) pair_keys.resize(static_cast<std::size_t>(round_up(shape.M, Bs) * Maps * 2 * d2));
   }
   const Eigen::bfloat16* key_tile(index_t pair, index_t kb, index_t m) const {
     return keys2[static_cast<std::size_t>(pair)].data() + key_offset(kb, m);
@@ -173,11 +173,11 @@ struct bf16_tile_scores {
 // operands and results.
 template <int Maps>
 void bf16_tile_attention_forward(const policy::simd& p, cview<Eigen::bfloat16, 5> q, cview<Eigen::bfloat16, 5> k,
-                                 cview<Eigen::bfloat16, 4> v, float lam, bool causal,
+                                 cview<Eigen::bfloat16, 4> v, const detail::head_lambdas<float>& lambdas, bool causal,
                                  TensorView<Eigen::bfloat16, 4> o, TensorView<Eigen::bfloat16, 4> o2,
                                  TensorView<float, 4> lse, bf16_score_tile_fn kernel) {
   bf16_tile_scores<Maps> scores(q, forward_shape(q, k, v, causal), kernel);
-  flash_attention_forward<Maps, Eigen::bfloat16>(p, q, k, v, lam, causal, o, o2, lse, scores);
+  flash_attention_forward<Maps, Eigen::bfloat16>(p, q, k, v, lambdas, causal, o, o2, lse, scores);
 }
 
 }  // namespace difftx::simd_detail

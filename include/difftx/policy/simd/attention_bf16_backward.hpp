@@ -9,11 +9,12 @@
 // bfloat16 failed accuracy_test in the forward's P·V; dS is a difference).
 //
 // One (batch row, group) pair's operands, in pairs of depth (zero past the
-// width; d2 = ceil(d/2), dv2 = ceil(dv/2)), packed once a key block:
+// width; d2 = ceil(d/2), dv2 = ceil(dv/2)), packed once a query block
+// (n_pad: N rounded up to blocks) and once a key block:
 //   q2  [r][Maps][n_pad][2·d2]        the queries unscaled, from the input
 //   do2 [r][n_pad][2·dv2]             the output gradients, from the input
-//   k2  [blocks][Maps][d2][Bs][2]     from the packed float tiles kt
-//   v2  [blocks][dv2][Bs][2]          from the packed float tiles vt
+//   k2  [key blocks][Maps][d2][Bs][2] from the packed float tiles kt
+//   v2  [key blocks][dv2][Bs][2]      from the packed float tiles vt
 // The same kernel serves both products: dP is a "score tile" of dO against V
 // with scale 1 and dv2 pairs.
 #pragma once
@@ -31,8 +32,8 @@ struct bf16_backward_pairs {
   index_t maps = 1, heads = 1, d = 0, dv = 0, d2 = 0, dv2 = 0, n_pad = 0;
   aligned_vector<Eigen::bfloat16> q2, do2, k2, v2;
 
-  // Sized for one pair of N keys and r heads (pack_block writes every element).
-  void reset(index_t N, index_t Maps, index_t r, index_t depth, index_t value_width) {
+  // Sized for one pair of N queries, M keys and r heads (the pack functions write every element).
+  void reset(index_t N, index_t M, index_t Maps, index_t r, index_t depth, index_t value_width) {
     maps = Maps;
     heads = r;
     d = depth;
@@ -45,17 +46,20 @@ struct bf16_backward_pairs {
     };
     sized(q2, r * Maps * n_pad * 2 * d2);
     sized(do2, r * n_pad * 2 * dv2);
-    sized(k2, Maps * d2 * n_pad * 2);
-    sized(v2, dv2 * n_pad * 2);
+    const index_t m_pad = round_up(M, Bs);
+    sized(k2, Maps * d2 * m_pad * 2);
+    sized(v2, dv2 * m_pad * 2);
   }
 
-  // Block kb of pair (b, j): its keys and values from the float tiles already
-  // in keys, its queries and output gradients from q and d_o.
-  void pack_block(cview<Eigen::bfloat16, 5> q, cview<Eigen::bfloat16, 4> d_o, const packed_keys<float>& keys,
-                  index_t b, index_t j, index_t kb) {
-    const index_t N = q.extent(1), H = q.extent(2), t0 = kb * Bs, rows = std::min(Bs, N - t0);
+  // Key block kb of the pair: its keys and values from the float tiles already in keys.
+  void pack_key_block(const packed_keys<float>& keys, index_t kb) {
     for (index_t m = 0; m < maps; ++m) pack_pair_columns(keys.kt_tile(kb, m, d), d, k2.data() + key_at(kb, m));
     pack_pair_columns(keys.vt_tile(kb, dv), dv, v2.data() + value_at(kb));
+  }
+
+  // Query block qb of pair (b, j): its queries and output gradients from q and d_o.
+  void pack_query_block(cview<Eigen::bfloat16, 5> q, cview<Eigen::bfloat16, 4> d_o, index_t b, index_t j, index_t qb) {
+    const index_t N = q.extent(1), H = q.extent(2), t0 = qb * Bs, rows = std::min(Bs, N - t0);
     for (index_t hl = 0; hl < heads; ++hl) {
       const index_t h = j * heads + hl;
       for (index_t m = 0; m < maps; ++m)

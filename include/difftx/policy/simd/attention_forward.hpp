@@ -8,7 +8,7 @@
 // key/value blocks once; for each map it keeps the running row maximum, row
 // sum and an accumulator of P·V (two accumulators for differential attention,
 // since the backward needs O_2 on its own); skips key blocks wholly after the
-// queries (causal); finally O = O_1 - λ O_2 and the log-sum-exp of every row.
+// queries (causal); finally O = O_1 - λ_h O_2 and the log-sum-exp of every row.
 //
 // flash_attention_forward is that loop over a source of score tiles:
 // float_scores here (S = Q·Kᵀ in float), low_bit_scores in
@@ -26,30 +26,31 @@ namespace difftx::simd_detail {
 
 // One work item of the forward: the query block qb of head h, rows [i0, i0 +
 // rows), against the keys of pair (batch row b, group j) up to key block
-// key_blocks (causal: the diagonal's).
+// key_blocks (causal: the one holding the last row's last key).
 struct forward_item {
   index_t pair, b, j, h, i0, rows, key_blocks, N;
-  bool causal;
+  key_window window;
   // The keys of key block kb that row i of the block sees.
-  index_t visible(index_t i, index_t kb) const { return visible_keys(i0 + i, kb * attention_block, N, causal); }
+  index_t visible(index_t i, index_t kb) const { return window.visible(i0 + i, kb * attention_block); }
 };
 
 // A forward call's sizes, and its items in the order they are handed out.
 struct forward_shape {
-  index_t B, N, H, G, d, r, dv, blocks, pairs;
-  bool causal;
+  index_t B, N, M, H, G, d, r, dv, blocks, key_blocks, pairs;
+  key_window window;
 
-  template <class Q, class K, class V>  // views q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv]
-  forward_shape(const Q& q, const K& k, const V& v, bool is_causal)
-      : B(q.extent(0)), N(q.extent(1)), H(q.extent(2)), G(k.extent(2)), d(q.extent(4)), r(H / G), dv(v.extent(3)),
-        blocks(round_up(N, attention_block) / attention_block), pairs(B * G), causal(is_causal) {}
+  template <class Q, class K, class V>  // views q [B,N,H,Maps,d], k [B,M,G,Maps,d], v [B,M,G,dv]
+  forward_shape(const Q& q, const K& k, const V& v, bool causal)
+      : B(q.extent(0)), N(q.extent(1)), M(k.extent(1)), H(q.extent(2)), G(k.extent(2)), d(q.extent(4)), r(H / G),
+        dv(v.extent(3)), blocks(round_up(N, attention_block) / attention_block),
+        key_blocks(round_up(M, attention_block) / attention_block), pairs(B * G), window{N, M, causal} {}
 
   index_t items() const { return blocks * pairs * r; }
   // Items from the last query block down: with a causal mask they are the largest.
   forward_item item(index_t n) const {
     const index_t qb = blocks - 1 - n / (pairs * r), pair = n / r % pairs, b = pair / G, j = pair % G;
-    const index_t i0 = qb * attention_block;
-    return {pair, b, j, j * r + n % r, i0, std::min(attention_block, N - i0), causal ? qb + 1 : blocks, N, causal};
+    const index_t i0 = qb * attention_block, rows = std::min(attention_block, N - i0);
+    return {pair, b, j, j * r + n % r, i0, rows, window.key_blocks(i0, rows), N, window};
   }
 };
 
@@ -83,8 +84,8 @@ void load_query_tile(cview<T, 5> q, const forward_item& item, accum_t<T> scale, 
     }
 }
 
-// The item's rows of O = O_1 - λ O_2 (and of O_2, saved for the backward) and
-// of lse, from the finished online softmax.
+// The item's rows of O = O_1 - λ O_2 (λ: its head's; O_2 saved for the
+// backward) and of lse, from the finished online softmax.
 template <int Maps, class T>
 void store_item_rows(online_softmax<accum_t<T>>& softmax, const forward_item& item, accum_t<T> lam, TensorView<T, 4> o,
                      TensorView<T, 4> o2, TensorView<accum_t<T>, 4> lse) {
@@ -110,14 +111,14 @@ void store_item_rows(online_softmax<accum_t<T>>& softmax, const forward_item& it
 //     start_item(keys, item, tiles)   once an item's query tile is loaded
 //     tile(keys, item, kb, m, tiles)  S_m of key block kb into tiles.s
 template <int Maps, class T, class Scores>
-void flash_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, accum_t<T> lam,
-                             bool causal, TensorView<T, 4> o, TensorView<T, 4> o2, TensorView<accum_t<T>, 4> lse,
-                             Scores& scores) {
+void flash_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                             const detail::head_lambdas<accum_t<T>>& lambdas, bool causal, TensorView<T, 4> o,
+                             TensorView<T, 4> o2, TensorView<accum_t<T>, 4> lse, Scores& scores) {
   using A = accum_t<T>;
   const forward_shape shape(q, k, v, causal);
   const A scale = A(1) / std::sqrt(static_cast<A>(shape.d));
   std::vector<packed_keys<A>> keys(static_cast<std::size_t>(shape.pairs));
-  for (auto& pair_keys : keys) pair_keys.reset(shape.N, Maps, shape.d, shape.dv, false);
+  for (auto& pair_keys : keys) pair_keys.reset(shape.M, Maps, shape.d, shape.dv, false);
 
   // One parallel region: pack every pair's keys, then every (pair, query block,
   // head) item, so that short sequences still give each thread several items.
@@ -126,8 +127,8 @@ void flash_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k
     forward_tiles<A> tiles(Maps, shape.d, shape.dv);
     typename Scores::worker scorer(scores);
 #pragma omp for schedule(static)
-    for (index_t block = 0; block < shape.pairs * shape.blocks; ++block) {
-      const index_t pair = block / shape.blocks, kb = block % shape.blocks;
+    for (index_t block = 0; block < shape.pairs * shape.key_blocks; ++block) {
+      const index_t pair = block / shape.key_blocks, kb = block % shape.key_blocks;
       auto& pair_keys = keys[static_cast<std::size_t>(pair)];
       pack_key_block<Maps, T>(k, v, pair / shape.G, pair % shape.G, kb, pair_keys, tiles.row_scratch);
       scores.key_block_packed(pair, kb, pair_keys);
@@ -146,7 +147,7 @@ void flash_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k
           tiles.softmax.add_block(m, tiles.s.data(), item.rows, [&](index_t i) { return item.visible(i, kb); },
                                   pair_keys.v.data() + kb * attention_block * shape.dv);
         }
-      store_item_rows<Maps, T>(tiles.softmax, item, lam, o, o2, lse);
+      store_item_rows<Maps, T>(tiles.softmax, item, lambdas(item.h), o, o2, lse);
     }
   }
 }
@@ -164,13 +165,14 @@ struct float_scores {
   };
 };
 
-// The forward with float scores: q [B,N,H,Maps,d], k [B,N,G,Maps,d], v
-// [B,N,G,dv] -> o [B,N,H,dv]; saved o2 (Maps = 2) and lse [B,H,Maps,N].
+// The forward with float scores: q [B,N,H,Maps,d], k [B,M,G,Maps,d], v
+// [B,M,G,dv] -> o [B,N,H,dv]; saved o2 (Maps = 2) and lse [B,H,Maps,N].
 template <int Maps, class T>
-void float_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, accum_t<T> lam,
-                             bool causal, TensorView<T, 4> o, TensorView<T, 4> o2, TensorView<accum_t<T>, 4> lse) {
+void float_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                             const detail::head_lambdas<accum_t<T>>& lambdas, bool causal, TensorView<T, 4> o,
+                             TensorView<T, 4> o2, TensorView<accum_t<T>, 4> lse) {
   float_scores<accum_t<T>> scores;
-  flash_attention_forward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse, scores);
+  flash_attention_forward<Maps, T>(p, q, k, v, lambdas, causal, o, o2, lse, scores);
 }
 
 }  // namespace difftx::simd_detail

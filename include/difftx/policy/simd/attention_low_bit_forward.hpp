@@ -38,7 +38,7 @@ struct low_bit_scores {
         tiled(false), tile_kernel(std::is_same_v<A, float> ? kernel : nullptr) {  // the VNNI tile computes in float
     tiled = int8_qk && tile_kernel != nullptr;
     keys8.resize(int8_qk ? static_cast<std::size_t>(shape.pairs) : 0);
-    for (auto& pair_keys : keys8) pair_keys.reset(round_up(shape.N, Bs), Maps, d, tiled);
+    for (auto& pair_keys : keys8) pair_keys.reset(round_up(shape.M, Bs), Maps, d, tiled);
   }
 
   // Key block kb of a pair as int8 (its float tiles overwritten with the int8
@@ -110,11 +110,12 @@ struct low_bit_scores {
 // The forward with int8 scores and/or quantized logits (logit_bits 4..8 or
 // 16, qk): attention_forward's operands and results.
 template <int Maps, class T>
-void low_bit_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, accum_t<T> lam,
-                               bool causal, TensorView<T, 4> o, TensorView<T, 4> o2, TensorView<accum_t<T>, 4> lse,
-                               int logit_bits, inference_dtype qk, score_tile_fn tile_kernel) {
+void low_bit_attention_forward(const policy::simd& p, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v,
+                               const detail::head_lambdas<accum_t<T>>& lambdas, bool causal, TensorView<T, 4> o,
+                               TensorView<T, 4> o2, TensorView<accum_t<T>, 4> lse, int logit_bits, inference_dtype qk,
+                               score_tile_fn tile_kernel) {
   low_bit_scores<Maps, accum_t<T>> scores(forward_shape(q, k, v, causal), logit_bits, qk, tile_kernel);
-  flash_attention_forward<Maps, T>(p, q, k, v, lam, causal, o, o2, lse, scores);
+  flash_attention_forward<Maps, T>(p, q, k, v, lambdas, causal, o, o2, lse, scores);
 }
 
 }  // namespace difftx::simd_detail

@@ -42,9 +42,9 @@ struct packed_keys {
   A* kt_tile(index_t kb, index_t m, index_t d) { return kt.data() + ((kb * maps + m) * d) * attention_block; }
   const A* vt_tile(index_t kb, index_t dv) const { return vt.data() + kb * dv * attention_block; }
 
-  // Sized for N keys; pack_key_block writes every element, so nothing is zeroed here.
-  void reset(index_t N, index_t Maps, index_t d, index_t dv, bool backward) {
-    n_pad = round_up(N, attention_block);
+  // Sized for M keys; pack_key_block writes every element, so nothing is zeroed here.
+  void reset(index_t M, index_t Maps, index_t d, index_t dv, bool backward) {
+    n_pad = round_up(M, attention_block);
     maps = Maps;
     for_backward = backward;
     auto sized = [](aligned_vector<A>& buffer, index_t size) { buffer.resize(static_cast<std::size_t>(size)); };
@@ -76,19 +76,19 @@ void pack_key_block(cview<T, 5> k, cview<T, 4> v, index_t b, index_t j, index_t 
   using A = accum_t<T>;
   using rows_map = Eigen::Map<Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
   constexpr index_t Bs = attention_block;
-  const index_t N = k.extent(1), G = k.extent(2), d = k.extent(4), dv = v.extent(3), t0 = kb * Bs;
-  const index_t keys = std::min(Bs, N - t0);
+  const index_t M = k.extent(1), G = k.extent(2), d = k.extent(4), dv = v.extent(3), t0 = kb * Bs;
+  const index_t keys = std::min(Bs, M - t0);
   auto scratch = [&](index_t width) {
     staging.resize(static_cast<std::size_t>(Bs * width));
     return staging.data();
   };
   auto transposed_into = [&](A* rows, index_t width, A* tile) { rows_map(tile, width, Bs) = rows_map(rows, Bs, width).transpose(); };
   for (index_t m = 0; m < Maps; ++m) {
-    A* rows = pack_block_rows(k.data() + (((b * N + t0) * G + j) * Maps + m) * d, G * Maps * d, keys, d,
+    A* rows = pack_block_rows(k.data() + (((b * M + t0) * G + j) * Maps + m) * d, G * Maps * d, keys, d,
                               out.for_backward ? out.k.data() + (m * out.n_pad + t0) * d : scratch(d));
     transposed_into(rows, d, out.kt.data() + (kb * Maps + m) * d * Bs);
   }
-  const T* first_value = v.data() + ((b * N + t0) * G + j) * dv;
+  const T* first_value = v.data() + ((b * M + t0) * G + j) * dv;
   if (out.for_backward)
     transposed_into(pack_block_rows(first_value, G * dv, keys, dv, scratch(dv)), dv, out.vt.data() + kb * dv * Bs);
   else
@@ -103,12 +103,23 @@ void score_tile(const A* q_tile, const packed_keys<A>& keys, index_t kb, index_t
   tile_product<a_layout::rows>(Bs, Bs, d, q_tile, d, keys.kt_tile(kb, m, d), Bs, s, Bs, false);
 }
 
-// How many keys of key block t0 row i may see: 0 for padded rows.
-inline index_t visible_keys(index_t i, index_t t0, index_t N, bool causal) {
-  if (i >= N) return 0;
-  const index_t end = causal ? std::min(i + 1, N) : N;
-  return std::clamp<index_t>(end - t0, 0, attention_block);
-}
+// Which keys the queries of a call see: N queries over M keys; causal, query
+// i sees the keys t < i + 1 + M - N (the queries are the last N positions).
+struct key_window {
+  index_t N, M;
+  bool causal;
+  // The keys row i sees: t < end(i).
+  index_t end(index_t i) const { return causal ? i + 1 + M - N : M; }
+  // How many keys of the key block from t0 row i sees: 0 for padded rows (i >= N).
+  index_t visible(index_t i, index_t t0) const {
+    if (i >= N) return 0;
+    return std::clamp<index_t>(end(i) - t0, 0, attention_block);
+  }
+  // The first query block with a row that sees key t0 (causal: row t0 - (M - N) is the first).
+  index_t first_query_block(index_t t0) const { return causal ? std::max<index_t>(t0 - (M - N), 0) / attention_block : 0; }
+  // Key blocks the query block from i0 (rows of it) reaches.
+  index_t key_blocks(index_t i0, index_t rows) const { return round_up(end(i0 + rows - 1), attention_block) / attention_block; }
+};
 
 template <class A>
 A row_max(const A* x, index_t n) {
