@@ -1,10 +1,14 @@
 // difftx generate on a small random language model written from C++ (2 layers,
 // V = 23, C = 16, h = 2, g = 1, D = 4, F = 32): the tool's greedy decoding with
 // the KV cache against greedy decoding by full forwards over the growing
-// sequence, computed here with the library; its bad input and usage errors.
+// sequence, computed here with the library; the sampler's flags against the
+// library's generate; the llama3 fixture folder stopping at its EOS where
+// transformers' generate stops (tests/data/sampling.json); --prompts-file
+// against one prompt at a time; its bad input and usage errors.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -12,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <difftx/difftx.hpp>
+#include <difftx/generation/generate.hpp>
 #include <difftx/io/parameters.hpp>
 
 #include "support/cli_fixtures.hpp"
@@ -162,4 +167,118 @@ TEST_CASE("cli: generate exits 3 on a missing or ill-shaped tensor and 2 on a to
                      {"--prompt"});
   expect_usage_error("generate --kv-heads 1 --weights " + q(folder / "lm.safetensors") + " --prompt 1 --max-new-tokens 0",
                      {"--max-new-tokens"});
+}
+
+TEST_CASE("cli: generate's sampler flags are the library's chain: penalties, min-p, the same draws for a seed") {
+  test_support::temp_folder folder;
+  auto model = small_language_model();
+  io::write_safetensors(folder / "lm.safetensors", language_model_weights(model));
+  const std::string generate = "generate --weights " + q(folder / "lm.safetensors") +
+                               " --prompt 5,0,17,3 --max-new-tokens 12 --dtype float64 --policy reference --json";
+  const std::vector<token_t> prompt{5, 0, 17, 3};
+  const std::vector<std::pair<std::string, sampling_options>> cases{
+      {" --repetition-penalty 1.8", {.repetition_penalty = 1.8}},
+      {" --presence-penalty 0.7 --frequency-penalty 0.4", {.presence_penalty = 0.7, .frequency_penalty = 0.4}},
+      {" --temperature 0.9 --min-p 0.1 --seed 4", {.temperature = 0.9, .min_p = 0.1, .seed = 4}},
+      {" --temperature 1.1 --top-k 9 --top-p 0.9 --min-p 0.02 --repetition-penalty 1.2 --presence-penalty 0.1"
+       " --frequency-penalty 0.2 --seed 8",
+       {.temperature = 1.1, .top_k = 9, .top_p = 0.9, .min_p = 0.02, .repetition_penalty = 1.2,
+        .presence_penalty = 0.1, .frequency_penalty = 0.2, .seed = 8}}};
+  for (const auto& [flags, sampling] : cases) {
+    INFO(flags);
+    const auto r = difftx_cli(generate + flags);
+    INFO("stderr: " << r.err);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    const auto expected = difftx::generate(model, prompt, {.max_new_tokens = 12, .sampling = sampling});
+    CHECK(j.at("tokens").get<std::vector<token_t>>() == expected);
+    CHECK(j.at("min_p") == sampling.min_p);
+    CHECK(j.at("repetition_penalty") == sampling.repetition_penalty);
+  }
+  // The penalties change greedy's tokens (else the cases above would test nothing).
+  CHECK(difftx::generate(model, prompt, {.max_new_tokens = 12, .sampling = {.repetition_penalty = 1.8}}) !=
+        difftx::generate(model, prompt, {.max_new_tokens = 12}));
+  const std::string base = "generate --weights " + q(folder / "lm.safetensors") + " --prompt 1";
+  expect_usage_error(base + " --min-p 0.1", {"--min-p", "--temperature"});
+  expect_usage_error(base + " --temperature 1 --min-p 1.5", {"--min-p"});
+  expect_usage_error(base + " --repetition-penalty 0", {"--repetition-penalty"});
+  expect_usage_error(base + " --presence-penalty x", {"--presence-penalty"});
+}
+
+TEST_CASE("cli: generate stops at the llama3 folder's EOS where transformers' generate stops") {
+  const auto fixture = nlohmann::json::parse(read_text(data_dir / "sampling.json"));
+  for (const auto& stop : fixture.at("stops")) {
+    const auto prompt = stop.at("prompt").get<std::vector<token_t>>();
+    const auto tokens = stop.at("tokens").get<std::vector<token_t>>();
+    std::string ids;
+    for (const auto t : prompt) ids.append(ids.empty() ? "" : ",").append(std::to_string(t));
+    for (const std::string dtype : {"float64", "float32"}) {
+      INFO("prompt " << ids << ", " << dtype);
+      const auto r = difftx_cli("generate --model " + q(data_dir / stop.at("folder").get<std::string>()) + " --prompt " +
+                                ids + " --max-new-tokens " + std::to_string(stop.at("max_new_tokens").get<int>()) +
+                                " --dtype " + dtype + " --json");
+      INFO("stderr: " << r.err);
+      REQUIRE(r.code == 0);
+      const auto j = nlohmann::json::parse(r.out);
+      CHECK(j.at("tokens").get<std::vector<token_t>>() == tokens);
+      CHECK(j.at("stop") == "eos");
+      CHECK(j.at("eos_token_ids") == stop.at("eos_token_ids"));
+    }
+  }
+}
+
+TEST_CASE("cli: generate --prompts-file decodes every line at once: one JSON line each, in order, as alone") {
+  // The hf tokenizer fixture's model with the tokenizer.json its tokenizer.model converts to.
+  test_support::temp_folder folder;
+  const auto model = folder / "model";
+  std::filesystem::create_directories(model);
+  for (const char* file : {"config.json", "generation_config.json", "model.safetensors"})
+    std::filesystem::copy(data_dir / "hf" / "tokenizer" / file, model / file);
+  std::filesystem::copy(data_dir / "tokenizer" / "sp_converted" / "tokenizer.json", model / "tokenizer.json");
+  const std::vector<std::string> lines{"The river ran past the", "In the spring", "The teacher drew a map of the valley",
+                                       "Every morning the miller"};
+  {
+    std::ofstream out(folder / "prompts.txt");
+    for (const auto& line : lines) out << line << "\r\n";
+  }
+  const std::string common = " --max-new-tokens 10 --dtype float64 --temperature 0.8 --top-k 20";
+  const auto r = difftx_cli("generate --model " + q(model) + " --prompts-file " + q(folder / "prompts.txt") + common +
+                            " --seed 3");
+  INFO("stdout: " << r.out << "stderr: " << r.err);
+  REQUIRE(r.code == 0);
+  std::stringstream out(r.out);
+  std::vector<nlohmann::json> each;
+  for (std::string line; std::getline(out, line);) each.push_back(nlohmann::json::parse(line));
+  REQUIRE(each.size() == lines.size());
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    INFO("line " << i + 1);
+    CHECK(each[i].at("line") == i + 1);
+    CHECK(each[i].at("seed") == 3 + i);
+    CHECK(each[i].at("prompts") == lines.size());
+    const auto alone = difftx_cli("generate --model " + q(model) + " --text '" + lines[i] + "' --json" + common +
+                                  " --seed " + std::to_string(3 + i));
+    REQUIRE(alone.code == 0);
+    const auto j = nlohmann::json::parse(alone.out);
+    CHECK(each[i].at("prompt") == j.at("prompt"));
+    CHECK(each[i].at("tokens") == j.at("tokens"));
+    CHECK(each[i].at("text") == j.at("text"));
+    CHECK(each[i].at("stop") == j.at("stop"));
+  }
+  // Bad input: one line naming the file and line, nothing printed.
+  std::ofstream(folder / "gap.txt") << "first\n\nthird\n";
+  auto bad = difftx_cli("generate --model " + q(model) + " --prompts-file " + q(folder / "gap.txt"));
+  CHECK(bad.code == 3);
+  check_message(bad.err, {"gap.txt: line 2", "an empty line"});
+  CHECK(bad.out.empty());
+  std::ofstream(folder / "empty.txt") << "";
+  bad = difftx_cli("generate --model " + q(model) + " --prompts-file " + q(folder / "empty.txt"));
+  CHECK(bad.code == 3);
+  check_message(bad.err, {"empty.txt", "at least one prompt"});
+  bad = difftx_cli("generate --model " + q(model) + " --prompts-file " + q(folder / "none.txt"));
+  CHECK(bad.code == 3);
+  check_message(bad.err, {"none.txt", "readable file"});
+  expect_usage_error("generate --model " + q(model) + " --prompts-file " + q(folder / "prompts.txt") + " --prompt 1",
+                     {"--prompts-file", "--prompt"});
+  expect_usage_error("generate --model " + q(data_dir / "hf" / "plain") + " --prompts-file " + q(folder / "prompts.txt"),
+                     {"--prompts-file", "tokenizer.json"});
 }

@@ -4,14 +4,19 @@
 // decode step per new token, greedy or sampled, until the folder's
 // end-of-sequence token or --max-new-tokens. Prints the new tokens (and their
 // text as it is generated, through the folder's tokenizer) and how fast each
-// phase ran.
+// phase ran. --prompts-file generates for every line of a file at once and
+// prints one JSON line per prompt.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <difftx/tokenizer/incremental_detokenizer.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -26,7 +31,7 @@ namespace difftx::cli {
 namespace {
 
 struct generate_options {
-  std::string model, text;
+  std::string model, text, prompts_file;
   std::vector<index_t> prompt;
   index_t max_new_tokens = 16;
   sampling_options sampling;
@@ -46,46 +51,111 @@ void require_prompt_in_vocabulary(const std::vector<token_t>& prompt, index_t vo
                                                  ") of " + model);
 }
 
-// The text of the new tokens, printed as they come: each time the new part of
-// the decoded text, held back while it ends inside a character (a byte-level
-// token may carry part of one; the decoder then ends with U+FFFD).
+// The text of the new tokens, printed as they come: each token's text once,
+// whole characters only (tokenizer/incremental_detokenizer.hpp).
 class text_stream {
  public:
-  explicit text_stream(const text_tokenizer* tokenizer) : tokenizer_(tokenizer) {}
+  explicit text_stream(const text_tokenizer* tokenizer) {
+    if (tokenizer) stream_.emplace(*tokenizer);
+  }
   void push(token_t t) {
-    ids_.push_back(t);
-    if (tokenizer_) print(complete_part(tokenizer_->decode(ids_)));
+    if (stream_) print(stream_->push(t));
   }
   void finish() {
-    if (!tokenizer_) return;
-    print(tokenizer_->decode(ids_));
+    if (!stream_) return;
+    print(stream_->finish());
     std::printf("\n");
     std::fflush(stdout);
   }
 
  private:
-  static std::string complete_part(std::string text) {
-    static constexpr std::string_view replacement = "\xEF\xBF\xBD";
-    while (text.ends_with(replacement)) text.resize(text.size() - replacement.size());
-    return text;
-  }
-  void print(const std::string& text) {
-    if (text.size() <= printed_) return;
-    std::fwrite(text.data() + printed_, 1, text.size() - printed_, stdout);
+  static void print(const std::string& text) {
+    if (text.empty()) return;
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-    printed_ = text.size();
   }
 
-  const text_tokenizer* tokenizer_;
-  std::vector<token_t> ids_;
-  std::size_t printed_ = 0;
+  std::optional<tokenizer::incremental_detokenizer> stream_;
 };
+
+// --prompts-file's lines (a trailing \r dropped); input_error naming the file,
+// or the line, for a file that cannot be read, holds no prompt, an empty line
+// or a line that is not UTF-8.
+std::vector<std::string> prompt_lines(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  require(in.good(), "generate", "--prompts-file " + file, "a readable file of prompts, one a line", "none");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (line.ends_with('\r')) line.pop_back();
+    const std::string where = file + ": line " + std::to_string(lines.size() + 1);
+    require(!line.empty(), "generate", where, "a prompt (one a line)", "an empty line");
+    const auto bad = tokenizer::utf8::first_invalid(line);
+    require(bad == std::string::npos, "generate", where, "valid UTF-8",
+            [&] { return "a byte that is not at offset " + std::to_string(bad); });
+    lines.push_back(std::move(line));
+  }
+  require(!lines.empty(), "generate", "--prompts-file " + file, "at least one prompt", "an empty file");
+  return lines;
+}
+
+// What every JSON output of generate says of the run: the model, how it ran, the generation settings.
+nlohmann::json run_fields(const generate_options& o, const model_source& source, const language_model_spec& spec,
+                          const language_model_runner& model, const std::string& policy_detail,
+                          const std::vector<token_t>& stop_tokens) {
+  const auto& l = spec.first();
+  const auto& a = l.attention;
+  return {{"max_new_tokens", o.max_new_tokens}, {"eos_token_ids", stop_tokens},
+          {"temperature", o.sampling.temperature}, {"top_k", o.sampling.top_k}, {"top_p", o.sampling.top_p},
+          {"min_p", o.sampling.min_p}, {"repetition_penalty", o.sampling.repetition_penalty},
+          {"presence_penalty", o.sampling.presence_penalty}, {"frequency_penalty", o.sampling.frequency_penalty},
+          {"model", o.model}, {"model_kind", source.kind()}, {"layers", spec.layers.size()},
+          {"vocab_size", spec.model.vocab_size}, {"d_model", a.d_model}, {"heads", a.heads},
+          {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim}, {"ffn_dim", l.ffn_dim}, {"policy", o.policy},
+          {"policy_detail", policy_detail}, {"dtype", o.dtype}, {"weights_dtype", o.weights_dtype},
+          {"kv_dtype", o.kv_dtype}, {"packed_weights", o.computing.packed_weights}, {"threads", model.threads()}};
+}
+
+// --prompts-file: every line's prompt (encoded as --text encodes it) decoded
+// together; prompt i samples with --seed + i, as `generate --text LINE --seed
+// SEED+i` alone would. One JSON line per prompt, in the file's order.
+void generate_each_line(const generate_options& o, const std::vector<std::vector<token_t>>& prompts,
+                        const text_tokenizer& tokenizer, const language_model_runner& model, nlohmann::json run) {
+  std::vector<generation_options> options(prompts.size(), {.max_new_tokens = o.max_new_tokens,
+                                                           .stop_tokens = run.at("eos_token_ids").get<std::vector<token_t>>(),
+                                                           .sampling = o.sampling});
+  for (std::size_t i = 0; i < options.size(); ++i) options[i].sampling.seed = o.sampling.seed + i;
+  // Every prompt's first token comes from the one prefill; the rest from decode steps.
+  const auto start = std::chrono::steady_clock::now();
+  double prefill_ms = 0;
+  std::size_t first_tokens = 0;
+  const auto generated = model.generate(std::span(prompts), std::span<const generation_options>(options),
+                                        [&](std::size_t, token_t) {
+                                          if (++first_tokens == prompts.size()) prefill_ms = ms_since(start);
+                                        });
+  const double decode_ms = ms_since(start) - prefill_ms;
+  index_t steps = 0;  // tokens from decode steps
+  for (const auto& g : generated) steps += static_cast<index_t>(g.size()) - 1;
+  run["prompts"] = prompts.size();
+  run["prefill_ms"] = prefill_ms;
+  run["decode_ms"] = decode_ms;
+  run["decode_tokens_per_s"] = steps > 0 ? nlohmann::json(static_cast<double>(steps) / decode_ms * 1e3) : nlohmann::json();
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const auto& g = generated[i];
+    const bool stopped = std::ranges::find(options[i].stop_tokens, g.back()) != options[i].stop_tokens.end();
+    auto j = run;
+    j.update(nlohmann::json{{"line", i + 1}, {"prompt", prompts[i]}, {"prompt_tokens", prompts[i].size()},
+                            {"tokens", g}, {"new_tokens", g.size()}, {"stop", stopped ? "eos" : "length"},
+                            {"seed", options[i].sampling.seed}, {"text", tokenizer.decode(g)}});
+    std::printf("%s\n", j.dump().c_str());
+  }
+}
 
 void generate(const generate_options& o) {
   const auto type = checked_dtype(o.dtype, o.policy);
   if (o.flags.heads > 0 && o.flags.kv_heads > 0 && o.flags.heads % o.flags.kv_heads != 0)
     throw CLI::ValidationError("--kv-heads", "must divide --heads " + std::to_string(o.flags.heads));
 
+  const auto lines = o.prompts_file.empty() ? std::vector<std::string>{} : prompt_lines(o.prompts_file);
   const model_source source(o.model, o.flags);
   std::unique_ptr<text_tokenizer> tokenizer;
   std::vector<token_t> prompt(o.prompt.begin(), o.prompt.end());
@@ -93,6 +163,9 @@ void generate(const generate_options& o) {
     tokenizer = open_tokenizer(source.folder(), "--text");
     prompt = prompt_ids(o.model, *tokenizer, o.text);
   }
+  std::vector<std::vector<token_t>> prompts;
+  if (!lines.empty()) tokenizer = open_tokenizer(source.folder(), "--prompts-file");
+  for (const auto& line : lines) prompts.push_back(prompt_ids(o.model, *tokenizer, line));
   auto spec = source.spec();
   spec.weights = storage_of(o.weights_dtype);
   spec.kv_cache = storage_of(o.kv_dtype);
@@ -102,10 +175,14 @@ void generate(const generate_options& o) {
   source.load_into(*model);
   const auto kernels = model->kernels();
   const auto policy_detail = policy_description(o.policy, kernels.detail());
+  auto run = run_fields(o, source, spec, *model, policy_detail,
+                        o.ignore_eos ? std::vector<token_t>{} : source.eos_token_ids());
+  add_kernel_fields(run, kernels);
+  if (!prompts.empty()) return generate_each_line(o, prompts, *tokenizer, *model, run);
 
   const auto prompt_tokens = static_cast<index_t>(prompt.size());
   const generation_options options{.max_new_tokens = o.max_new_tokens,
-                                   .stop_tokens = o.ignore_eos ? std::vector<token_t>{} : source.eos_token_ids(),
+                                   .stop_tokens = run.at("eos_token_ids").get<std::vector<token_t>>(),
                                    .sampling = o.sampling};
   const auto& l = spec.first();
   const auto& a = l.attention;
@@ -121,7 +198,7 @@ void generate(const generate_options& o) {
   std::fflush(stdout);
 
   // The first token's time is the prefill's; the rest are decode steps.
-  text_stream stream(tokenizer.get());
+  text_stream stream(o.json ? nullptr : tokenizer.get());  // --json: the text is a field
   const auto start = std::chrono::steady_clock::now();
   double prefill_ms = 0;
   const auto generated = model->generate(prompt, options, [&](token_t t) {
@@ -134,19 +211,12 @@ void generate(const generate_options& o) {
   const bool stopped = std::ranges::find(options.stop_tokens, generated.back()) != options.stop_tokens.end();
 
   if (o.json) {
-    nlohmann::json j{{"tokens", generated}, {"prompt", prompt}, {"prompt_tokens", prompt_tokens},
-                     {"new_tokens", generated.size()}, {"max_new_tokens", o.max_new_tokens},
-                     {"stop", stopped ? "eos" : "length"}, {"eos_token_ids", options.stop_tokens},
-                     {"temperature", o.sampling.temperature}, {"top_k", o.sampling.top_k},
-                     {"top_p", o.sampling.top_p}, {"seed", o.sampling.seed}, {"prefill_ms", prefill_ms},
-                     {"prefill_tokens_per_s", prompt_tokens / prefill_ms * 1e3}, {"decode_steps", steps},
-                     {"decode_ms", decode_ms}, {"model", o.model}, {"model_kind", source.kind()},
-                     {"layers", spec.layers.size()}, {"vocab_size", spec.model.vocab_size},
-                     {"d_model", a.d_model}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
-                     {"ffn_dim", l.ffn_dim}, {"policy", o.policy}, {"policy_detail", policy_detail},
-                     {"dtype", o.dtype}, {"weights_dtype", o.weights_dtype}, {"kv_dtype", o.kv_dtype},
-                     {"packed_weights", o.computing.packed_weights}, {"threads", model->threads()}};
-    add_kernel_fields(j, kernels);
+    auto j = run;
+    j.update(nlohmann::json{{"tokens", generated}, {"prompt", prompt}, {"prompt_tokens", prompt_tokens},
+                            {"new_tokens", generated.size()}, {"stop", stopped ? "eos" : "length"},
+                            {"seed", o.sampling.seed}, {"prefill_ms", prefill_ms},
+                            {"prefill_tokens_per_s", prompt_tokens / prefill_ms * 1e3}, {"decode_steps", steps},
+                            {"decode_ms", decode_ms}});
     j["decode_ms_per_token"] = steps > 0 ? nlohmann::json(decode_ms / static_cast<double>(steps)) : nlohmann::json();
     j["decode_tokens_per_s"] = steps > 0 ? nlohmann::json(static_cast<double>(steps) / decode_ms * 1e3) : nlohmann::json();
     if (tokenizer) j["text"] = tokenizer->decode(generated);
@@ -178,6 +248,11 @@ void add_generate_command(CLI::App& app) {
                                "tokenizer.model), beginning with the beginning-of-sequence token once (see difftx "
                                "tokenize); the new tokens are printed as text too");
   prompt->excludes(text);
+  auto* prompts_file = cmd->add_option("--prompts-file", o->prompts_file,
+                                       "generate for every line of FILE at once, each line's text encoded as --text "
+                                       "encodes it; prints one JSON line per prompt, in the file's order (prompt i "
+                                       "samples with --seed + i)");
+  prompts_file->excludes(prompt)->excludes(text);
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate at most")
       ->check(count_in(1))
       ->capture_default_str();
@@ -192,6 +267,24 @@ void add_generate_command(CLI::App& app) {
                                 "sample among the most likely tokens whose probability reaches p (1: all)")
                     ->check(CLI::Range(std::nextafter(0.0, 1.0), 1.0))
                     ->capture_default_str();
+  auto* min_p = cmd->add_option("--min-p", o->sampling.min_p,
+                                "sample among the tokens at least min-p times as likely as the most likely (0: all)")
+                    ->check(CLI::Range(0.0, 1.0))
+                    ->capture_default_str();
+  cmd->add_option("--repetition-penalty", o->sampling.repetition_penalty,
+                  "transformers' penalty on every token of the prompt or generated so far: a logit x becomes x / r "
+                  "if x > 0, else x * r (1: none; greedy too)")
+      ->check(CLI::Range(std::nextafter(0.0, 1.0), 1e6))
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", o->sampling.presence_penalty,
+                  "OpenAI's: the logit of every token generated so far lowered by this (0: none; greedy too)")
+      ->check(CLI::Range(-1e6, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", o->sampling.frequency_penalty,
+                  "OpenAI's: the logit of a token generated c times so far lowered by c times this (0: none; greedy "
+                  "too)")
+      ->check(CLI::Range(-1e6, 1e6))
+      ->capture_default_str();
   cmd->add_option("--seed", o->sampling.seed,
                   "the sampler's seed: the same seed gives the same tokens on every CPU policy and thread count")
       ->capture_default_str();
@@ -212,16 +305,20 @@ void add_generate_command(CLI::App& app) {
       "wrote it, else V and C come from embed_tokens.weight, the layer count from the layers.<i>. prefixes (layer\n"
       "i gets layer_index i), D, F, h and g from layer 0's weights (or the flags); every layer is checked against\n"
       "them. The first new token comes from the prefill (the head at the prompt's last token only), each further\n"
-      "one from a decode step: the largest logit (the first of equal ones), or with --temperature a draw after\n"
-      "temperature, top-k and top-p, in that order (docs/semantics.md, Generation). Generation stops after an\n"
-      "end-of-sequence token (printed) unless --ignore-eos. Prints the new token ids (and with --text their text\n"
-      "as it comes), the prefill's prompt tokens per second and the decode steps' time per token (one run, no\n"
-      "warm-up: what a user waits).\n" +
+      "one from a decode step: after the repetition, presence and frequency penalties, the largest logit (the\n"
+      "first of equal ones), or with --temperature a draw after temperature, top-k, top-p and min-p, in that\n"
+      "order (docs/semantics.md, Generation). Generation stops after an end-of-sequence token (printed; the\n"
+      "folder's eos_token_id, as transformers reads it) unless --ignore-eos. Prints the new token ids (and with\n"
+      "--text their text as it comes), the prefill's prompt tokens per second and the decode steps' time per\n"
+      "token (one run, no warm-up: what a user waits). --prompts-file decodes its prompts together, each as it\n"
+      "would be alone, and prints one JSON object a line: line, prompt, tokens, text, stop, and the batch's\n"
+      "prefill_ms, decode_ms and decode_tokens_per_s.\n" +
       exit_codes_help);
-  cmd->callback([o, prompt, text, top_k, top_p] {
-    if (!prompt->count() && !text->count()) throw CLI::RequiredError("--prompt or --text");
+  cmd->callback([o, prompt, text, prompts_file, top_k, top_p, min_p] {
+    if (!prompt->count() && !text->count() && !prompts_file->count())
+      throw CLI::RequiredError("--prompt, --text or --prompts-file");
     if (o->sampling.temperature == 0)
-      for (auto* option : {top_k, top_p})
+      for (auto* option : {top_k, top_p, min_p})
         if (option->count())
           throw CLI::ValidationError(option->get_name(), "applies to sampling: give --temperature > 0 as well");
     if (prompt->count() && o->prompt.empty()) throw CLI::ValidationError("--prompt", "needs at least one token id");

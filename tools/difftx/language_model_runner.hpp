@@ -4,7 +4,7 @@
 // --model`, `generate` and `bench --model` choose both at run time, as
 // runner.hpp does for single modules. It loads from a Hugging Face DiffLlama
 // folder or a difftx file (model_source.hpp), computes logits for a batch of
-// token ids, and generates from one prompt with the KV cache.
+// token ids, and generates from one prompt or several at once with the KV cache.
 #pragma once
 
 #include <chrono>
@@ -67,6 +67,11 @@ class language_model_runner {
   // generation/generate.hpp: the new tokens, on_token called with each as it is chosen.
   virtual std::vector<token_t> generate(std::span<const token_t> prompt, const generation_options& options,
                                         const std::function<void(token_t)>& on_token) const = 0;
+  // Several prompts decoded together, options one per prompt: each prompt's
+  // new tokens, on_token(i, t) called with prompt i's as it is chosen.
+  virtual std::vector<std::vector<token_t>> generate(
+      std::span<const std::vector<token_t>> prompts, std::span<const generation_options> options,
+      const std::function<void(std::size_t, token_t)>& on_token) const = 0;
 
   // bench --model's steps, greedy. The cache restarts with prompt, with room
   // for `capacity` tokens in all (the head runs at its last token only);

@@ -57,6 +57,13 @@ class model_runner final : public language_model_runner {
     with_kv.kv_cache = kv_cache_;
     return difftx::generate(model_, prompt, with_kv, on_token);
   }
+  std::vector<std::vector<token_t>> generate(std::span<const std::vector<token_t>> prompts,
+                                             std::span<const generation_options> options,
+                                             const std::function<void(std::size_t, token_t)>& on_token) const override {
+    std::vector<generation_options> with_kv(options.begin(), options.end());
+    for (auto& o : with_kv) o.kv_cache = kv_cache_;
+    return difftx::generate(model_, prompts, std::span<const generation_options>(with_kv), on_token);
+  }
 
   token_t prefill(std::span<const token_t> prompt, index_t capacity) override {
     const auto tokens = in_model_memory(prompt);

@@ -7,6 +7,8 @@
 #include <string>
 #include <system_error>
 
+#include <difftx/io/generation_settings.hpp>
+
 #include "commands.hpp"
 #include "weight_shapes.hpp"
 
@@ -141,27 +143,6 @@ void require_flags_agree(const model_flags& flags, const language_model_spec& sp
   if (flags.eps) agree(*flags.eps == spec.first().eps, "--eps", "eps " + architecture_value(spec.first().eps));
 }
 
-// eos_token_id of a folder's JSON file (an id or a list of ids), as generate reads it;
-// none where the file or the key is absent.
-std::optional<std::vector<token_t>> eos_ids_in(const std::filesystem::path& file) {
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec)) return std::nullopt;
-  const auto j = io::read_json_file(file, "load");
-  const auto it = j.is_object() ? j.find("eos_token_id") : j.end();
-  if (it == j.end() || it->is_null()) return std::nullopt;
-  const auto id = [&](const nlohmann::json& v) {
-    require(v.is_number_integer() && v.get<long long>() >= 0 && v.get<long long>() < (1LL << 31), where,
-            file.string() + ": eos_token_id", "a token id or a list of token ids", v.dump());
-    return static_cast<token_t>(v.get<long long>());
-  };
-  std::vector<token_t> ids;
-  if (it->is_array())
-    for (const auto& v : *it) ids.push_back(id(v));
-  else
-    ids.push_back(id(*it));
-  return ids;
-}
-
 }  // namespace
 
 model_source::model_source(const std::filesystem::path& path, const model_flags& flags) : path_(path) {
@@ -171,10 +152,7 @@ model_source::model_source(const std::filesystem::path& path, const model_flags&
     const auto& c = checkpoint_->config();
     spec_.model = c.language_model();
     for (index_t i = 0; i < c.layers; ++i) spec_.layers.push_back(c.layer(i));
-    // generation_config.json is what transformers' generate reads; config.json where it says nothing.
-    auto eos = eos_ids_in(path / "generation_config.json");
-    if (!eos) eos = eos_ids_in(path / "config.json");
-    eos_token_ids_ = eos.value_or(std::vector<token_t>{});
+    eos_token_ids_ = io::read_generation_settings(path).eos_token_ids;
     require_flags_agree(flags, spec_, path.string());
   } else {
     file_.emplace(path);

@@ -39,8 +39,9 @@ class model_source {
   const std::filesystem::path& path() const noexcept { return path_; }
   // The folder beside the weights, where a tokenizer may lie.
   std::filesystem::path folder() const { return checkpoint_ ? path_ : path_.parent_path(); }
-  // The end-of-sequence ids of a DiffLlama folder (generation_config.json's
-  // eos_token_id, else config.json's: one id or a list); empty where it has none.
+  // The end-of-sequence ids of a DiffLlama folder, as transformers reads them
+  // (io::read_generation_settings: generation_config.json where there is one,
+  // else config.json; one id or a list); empty where it names none.
   const std::vector<token_t>& eos_token_ids() const noexcept { return eos_token_ids_; }
 
   void load_into(language_model_runner& model) const;
