@@ -1,0 +1,5 @@
+// The CUDA entries in float64 (kernels.hpp), compiled in a unit of their own.
+#include "cuda_device.cuh"
+#include "kernels_impl.hpp"
+
+template struct difftx_python::kernels<double, difftx_python::cuda>;
