@@ -16,7 +16,7 @@
 #include "difftx/ops/linear.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm.hpp"
-#include "difftx/policy/simd/linear_onednn.hpp"
+#include "difftx/policy/simd/onednn_products.hpp"
 
 namespace difftx {
 

@@ -1,6 +1,8 @@
 // Linear's products on oneDNN's matmul (onednn_matmul.hpp) where policy::simd
 // takes it (matmuls, onednn_takes); each returns false, having written
 // nothing, where it does not, and linear.hpp computes the product itself.
+// Only for a build that links oneDNN (DIFFTX_ONEDNN; onednn_products.hpp
+// chooses between this file and linear_without_onednn.hpp).
 //   forward        y[M, N] = x[M, K] · w[N, K]ᵀ
 //   input gradient dx[M, K] (=|+=) dy[M, N] · w[N, K]
 //   weight gradient dw[N, K] += dy[M, N]ᵀ · x[M, K]
@@ -26,7 +28,6 @@
 
 namespace difftx::simd_detail {
 
-#if defined(DIFFTX_ONEDNN)
 // Whether automatic takes oneDNN for T: where its kernels were measured faster
 // than difftx's own products (docs/benchmarks.md, "Linear's products against
 // oneDNN and PyTorch"): float and bfloat16 on Zen 4 (brgemm on AVX-512 and
@@ -50,7 +51,6 @@ constexpr matmul_types onednn_types() {
   if constexpr (std::is_same_v<T, std::int8_t>) return int8_products_types;
   else return matmul_types::all(onednn_type<T>());
 }
-#endif
 
 // The rows of a prefill or training product, for asking what such a product runs on.
 inline constexpr index_t many_rows = 4096;
@@ -63,9 +63,7 @@ inline constexpr index_t int8_packed_columns = 4096;
 // weights once), never without the library, int8 only where its sums are
 // exact. weights_packed: they are packed for oneDNN (pack_weights).
 template <class T>
-bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index_t M,
-                  [[maybe_unused]] bool weights_packed = false) {
-#if defined(DIFFTX_ONEDNN)
+bool onednn_takes(const policy::simd& p, index_t M, bool weights_packed = false) {
   if constexpr (onednn_computes<T> || std::is_same_v<T, std::int8_t>) {
     using library = policy::simd::matmul_library;
     if (M <= gemv_max_rows || p.matmuls == library::difftx) return false;
@@ -75,7 +73,6 @@ bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index
     }
     return p.matmuls == library::onednn || onednn_measured_faster<T>();
   }
-#endif
   return false;
 }
 
@@ -83,17 +80,14 @@ bool onednn_takes([[maybe_unused]] const policy::simd& p, [[maybe_unused]] index
 
 template <class T>
 std::string difftx::policy::simd::matmul_kernel() const {
-#if defined(DIFFTX_ONEDNN)
   if (simd_detail::onednn_takes<T>(*this, simd_detail::many_rows))
     if (const auto kernel = simd_detail::onednn_matmuls::instance().implementation(simd_detail::onednn_types<T>(),
                                                                                    simd_detail::thread_count(*this));
         !kernel.empty())
       return "onednn " + kernel;
-#endif
   return "";
 }
 
-#if defined(DIFFTX_ONEDNN)
 // W [N, K] (or int8 rows [N, padded K]) in oneDNN's layout, in blocks of
 // block_columns columns: all of N for float types; int8 weights in blocks of
 // int8_packed_columns, as their products hold the int32 sums a block at a time.
@@ -142,11 +136,9 @@ std::shared_ptr<const policy::simd::packed_weights> pack_weights(const policy::s
 }
 
 }  // namespace difftx
-#endif
 
 namespace difftx::simd_detail {
 
-#if defined(DIFFTX_ONEDNN)
 // Throws input_error unless packed is what pack_weights makes of a weight of
 // N x K (int8: K padded) in T (std::int8_t: int8 rows).
 template <class T>
@@ -171,15 +163,12 @@ void check_packed(std::string_view where, const policy::simd::packed_weights& pa
   };
   require(made_for_w, where, "packed", "blocks packed by pack_weights from " + what(), "blocks of another type or shape");
 }
-#endif
 
 // packed: w's packed copy, or nullptr; oneDNN reads it where it has a kernel
 // for the product on that layout, else w.
 template <class T>
-bool onednn_linear_forward([[maybe_unused]] const policy::simd& p, [[maybe_unused]] cview<T, 2> x,
-                           [[maybe_unused]] cview<T, 2> w, [[maybe_unused]] TensorView<T, 2> y,
-                           [[maybe_unused]] const policy::simd::packed_weights* packed = nullptr) {
-#if defined(DIFFTX_ONEDNN)
+bool onednn_linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w, TensorView<T, 2> y,
+                           const policy::simd::packed_weights* packed = nullptr) {
   if constexpr (onednn_computes<T>) {
     const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
     if (!onednn_takes<T>(p, M)) return false;
@@ -189,40 +178,31 @@ bool onednn_linear_forward([[maybe_unused]] const policy::simd& p, [[maybe_unuse
     return matmuls.run(onednn_types<T>(), M, N, K, {x.data(), K, 1}, {w.data(), 1, K}, y.data(), N, false,
                        thread_count(p));
   }
-#endif
   return false;
 }
 
 template <class T>
-bool onednn_input_gradient([[maybe_unused]] const policy::simd& p, [[maybe_unused]] cview<T, 2> w,
-                           [[maybe_unused]] cview<T, 2> dy, [[maybe_unused]] TensorView<T, 2> dx,
-                           [[maybe_unused]] bool add) {
-#if defined(DIFFTX_ONEDNN)
+bool onednn_input_gradient(const policy::simd& p, cview<T, 2> w, cview<T, 2> dy, TensorView<T, 2> dx, bool add) {
   if constexpr (onednn_computes<T>) {
     const index_t M = dy.extent(0), N = dy.extent(1), K = w.extent(1);
     if (onednn_takes<T>(p, M))
       return onednn_matmuls::instance().run(onednn_types<T>(), M, K, N, {dy.data(), N, 1}, {w.data(), K, 1}, dx.data(),
                                             K, add, thread_count(p));
   }
-#endif
   return false;
 }
 
 template <class T>
-bool onednn_weight_gradient([[maybe_unused]] const policy::simd& p, [[maybe_unused]] cview<T, 2> x,
-                            [[maybe_unused]] cview<T, 2> dy, [[maybe_unused]] TensorView<T, 2> dw) {
-#if defined(DIFFTX_ONEDNN)
+bool onednn_weight_gradient(const policy::simd& p, cview<T, 2> x, cview<T, 2> dy, TensorView<T, 2> dw) {
   if constexpr (onednn_computes<T>) {
     const index_t M = x.extent(0), K = x.extent(1), N = dy.extent(1);
     if (onednn_takes<T>(p, M))
       return onednn_matmuls::instance().run(onednn_types<T>(), N, K, M, {dy.data(), 1, N}, {x.data(), K, 1}, dw.data(),
                                             K, true, thread_count(p));
   }
-#endif
   return false;
 }
 
-#if defined(DIFFTX_ONEDNN)
 // The int8 sums of onednn_int8_products below over blocks of `width` columns
 // and `chunk` rows: product(i0, rows, j0, n, sums) writes a block's sums
 // (false where oneDNN has no kernel for it), which then go to store less the
@@ -245,7 +225,6 @@ bool onednn_int8_blocks(int threads, const int8_rows<A>& b, index_t M, index_t c
     }
   return true;
 }
-#endif
 
 // The exact int8 sums of a's rows with b's (same padding) on oneDNN, handed to
 // store(i, j0, n, sums) as gemm_int8.hpp's int8_products hands them: in blocks
@@ -259,10 +238,8 @@ bool onednn_int8_blocks(int threads, const int8_rows<A>& b, index_t M, index_t c
 // b. False where oneDNN does not take the product; then, or if a block has no
 // kernel, the caller's int8_products computes every sum again.
 template <class A, class Store>
-bool onednn_int8_products([[maybe_unused]] const policy::simd& p, [[maybe_unused]] const int8_rows<A>& a,
-                          [[maybe_unused]] const int8_rows<A>& b, [[maybe_unused]] Store&& store,
-                          [[maybe_unused]] const policy::simd::packed_weights* packed = nullptr) {
-#if defined(DIFFTX_ONEDNN)
+bool onednn_int8_products(const policy::simd& p, const int8_rows<A>& a, const int8_rows<A>& b, Store&& store,
+                          const policy::simd::packed_weights* packed = nullptr) {
   const index_t M = a.rows, N = b.rows, kp = a.padded;
   if (!onednn_takes<std::int8_t>(p, M, packed != nullptr)) return false;
   const int threads = thread_count(p);
@@ -284,9 +261,6 @@ bool onednn_int8_products([[maybe_unused]] const policy::simd& p, [[maybe_unused
   };
   return onednn_int8_blocks(threads, b, M, M, std::min(N, std::max<index_t>(64, block_sums / M / 64 * 64)), from_rows,
                             store);
-#else
-  return false;
-#endif
 }
 
 }  // namespace difftx::simd_detail

@@ -2,8 +2,9 @@
 // AVX512_BF16, AVX512_VNNI and AVX-512 kernels chosen at run time) for
 // policy::simd's products of many rows: C[M, N] (=|+=) A[M, K] · B[K, N] in
 // float, bfloat16 or float16, sums in float and one rounding into C; or int8
-// rows, C = A · B exactly in int32 (u8 · s8 -> s32). Compiled where the build
-// defines DIFFTX_ONEDNN (CMake target difftx::onednn); docs/design.md, "oneDNN".
+// rows, C = A · B exactly in int32 (u8 · s8 -> s32). For a build that links
+// oneDNN (DIFFTX_ONEDNN, CMake target difftx::onednn), through
+// linear_onednn.hpp; docs/design.md, "oneDNN".
 //
 // Primitives are created once per shape, layout, type and thread count and
 // kept (at most primitive_cache_capacity; past that the cache starts over), as
@@ -14,8 +15,6 @@
 // its products then skip the copy into that layout that each call makes of a
 // B as it lies.
 #pragma once
-
-#if defined(DIFFTX_ONEDNN)
 
 #include <cstdint>
 #include <map>
@@ -242,5 +241,3 @@ class onednn_matmuls {
 };
 
 }  // namespace difftx::simd_detail
-
-#endif  // DIFFTX_ONEDNN
