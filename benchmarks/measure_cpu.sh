@@ -48,7 +48,7 @@ has_peers=0
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi  # mpirun as root
 "$PYTHON" -c 'import torch, transformers' 2>/dev/null && has_peers=1
 
-# Wait for a quiet machine: no cc1plus, ninja or ctest in three polls 30 s
+# Wait for a quiet machine: no compiler (cc1plus, nvcc's cicc or ptxas), ninja or ctest in three polls 30 s
 # apart. The waits of the whole run share WAIT_BUDGET; once it is spent, each
 # question is measured at once. What it found goes to $o/quiet for collect_cpu.py.
 echo 0 >"$work/waited"
@@ -57,7 +57,7 @@ wait_quiet() {
   local start=$SECONDS calm=0 waited
   waited=$(cat "$work/waited")
   while ((calm < 3)); do
-    if [ "$(pgrep -c cc1plus || true)" = 0 ] && ! pgrep -f 'ctest|ninja' >/dev/null; then
+    if [ "$(pgrep -c 'cc1plus|cicc|ptxas' || true)" = 0 ] && ! pgrep -f 'ctest|ninja' >/dev/null; then
       calm=$((calm + 1))
     else
       calm=0

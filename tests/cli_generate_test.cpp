@@ -276,7 +276,11 @@ TEST_CASE("cli: generate --prompts-file decodes every line at once: one JSON lin
   check_message(bad.err, {"empty.txt", "at least one prompt"});
   bad = difftx_cli("generate --model " + q(model) + " --prompts-file " + q(folder / "none.txt"));
   CHECK(bad.code == 3);
-  check_message(bad.err, {"none.txt", "readable file"});
+  check_message(bad.err, {"none.txt", "readable file", "no such file"});
+  std::ofstream(folder / "latin1.txt") << "fine\ncaf\xe9\n";
+  bad = difftx_cli("generate --model " + q(model) + " --prompts-file " + q(folder / "latin1.txt"));
+  CHECK(bad.code == 3);
+  check_message(bad.err, {"latin1.txt: line 2", "valid UTF-8", "byte 0xe9 at offset 3"});
   expect_usage_error("generate --model " + q(model) + " --prompts-file " + q(folder / "prompts.txt") + " --prompt 1",
                      {"--prompts-file", "--prompt"});
   expect_usage_error("generate --model " + q(data_dir / "hf" / "plain") + " --prompts-file " + q(folder / "prompts.txt"),

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -79,19 +80,18 @@ class text_stream {
 };
 
 // --prompts-file's lines (a trailing \r dropped); input_error naming the file,
-// or the line, for a file that cannot be read, holds no prompt, an empty line
-// or a line that is not UTF-8.
+// or the line, for a file that cannot be read, holds no prompt or an empty line.
 std::vector<std::string> prompt_lines(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
-  require(in.good(), "generate", "--prompts-file " + file, "a readable file of prompts, one a line", "none");
+  std::error_code ec;
+  require(in.good() && !std::filesystem::is_directory(file, ec), "generate", "--prompts-file " + file,
+          "a readable file of prompts, one a line",
+          std::filesystem::exists(file, ec) ? "a file that cannot be read" : "no such file");
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) {
     if (line.ends_with('\r')) line.pop_back();
     const std::string where = file + ": line " + std::to_string(lines.size() + 1);
     require(!line.empty(), "generate", where, "a prompt (one a line)", "an empty line");
-    const auto bad = tokenizer::utf8::first_invalid(line);
-    require(bad == std::string::npos, "generate", where, "valid UTF-8",
-            [&] { return "a byte that is not at offset " + std::to_string(bad); });
     lines.push_back(std::move(line));
   }
   require(!lines.empty(), "generate", "--prompts-file " + file, "at least one prompt", "an empty file");
@@ -165,7 +165,11 @@ void generate(const generate_options& o) {
   }
   std::vector<std::vector<token_t>> prompts;
   if (!lines.empty()) tokenizer = open_tokenizer(source.folder(), "--prompts-file");
-  for (const auto& line : lines) prompts.push_back(prompt_ids(o.model, *tokenizer, line));
+  for (std::size_t i = 0; i < lines.size(); ++i) try {
+      prompts.push_back(prompt_ids(o.model, *tokenizer, lines[i]));
+    } catch (const input_error& e) {  // text the tokenizer refuses (not UTF-8): name the line
+      throw input_error("generate", o.prompts_file + ": line " + std::to_string(i + 1), e.expected(), e.got());
+    }
   auto spec = source.spec();
   spec.weights = storage_of(o.weights_dtype);
   spec.kv_cache = storage_of(o.kv_dtype);
