@@ -173,8 +173,8 @@ TEST_CASE("training: the loss falls below what a model blind to the context can 
   const auto task = tiny_task();
   const index_t V = vocabulary(task).size;
   const index_t steps = 400;
-  trainer diff(make_diff_model<8, policy::reference>(tiny_model(), V), task, tiny_training(steps));
-  trainer base(make_baseline_model<8, policy::reference>(tiny_model(), V), task, tiny_training(steps));
+  trainer diff(make_diff_model<policy::reference>(tiny_model(), V), task, tiny_training(steps));
+  trainer base(make_baseline_model<policy::reference>(tiny_model(), V), task, tiny_training(steps));
   trainer v2(make_v2_model<policy::reference>(tiny_model(), V), task, tiny_training(steps));
   diff.train();
   base.train();
@@ -191,8 +191,8 @@ TEST_CASE("training: the loss falls below what a model blind to the context can 
 TEST_CASE("training: the same seed gives bit-identical runs") {
   const auto task = tiny_task();
   const index_t V = vocabulary(task).size;
-  trainer a(make_diff_model<8, policy::reference>(tiny_model(), V), task, tiny_training(5));
-  trainer b(make_diff_model<8, policy::reference>(tiny_model(), V), task, tiny_training(5));
+  trainer a(make_diff_model<policy::reference>(tiny_model(), V), task, tiny_training(5));
+  trainer b(make_diff_model<policy::reference>(tiny_model(), V), task, tiny_training(5));
   a.train();
   b.train();
   for (std::size_t i = 0; i < 5; ++i) {
@@ -206,7 +206,7 @@ TEST_CASE("training: the same seed gives bit-identical runs") {
 TEST_CASE("evaluation: every query counted once per cell and depth with attention fractions in range") {
   const auto task = tiny_task();
   const index_t V = vocabulary(task).size;
-  trainer t(make_baseline_model<8, policy::reference>(tiny_model(), V), task, tiny_training(1));
+  trainer t(make_baseline_model<policy::reference>(tiny_model(), V), task, tiny_training(1));
   const auto e = t.evaluate({.per_cell = 2, .stats_batch = 2});
   REQUIRE(e.cells.size() == std::size(task_mix));
   for (std::size_t i = 0; i < e.cells.size(); ++i) {
@@ -231,9 +231,9 @@ TEST_CASE("V2 in the comparison: matched to the Transformer, trained on the same
   const index_t V = vocabulary(task).size;
   const auto m = tiny_model();  // C = 16, h = 1: DIFF 1 head of 2x8, the Transformer and V2 2 output heads of 8
   const index_t steps = 12;
-  trainer diff(make_diff_model<8, policy::reference>(m, V), task, tiny_training(steps));
+  trainer diff(make_diff_model<policy::reference>(m, V), task, tiny_training(steps));
   trainer v2(make_v2_model<policy::reference>(m, V), task, tiny_training(steps));
-  trainer base(make_baseline_model<8, policy::reference>(m, V), task, tiny_training(steps));
+  trainer base(make_baseline_model<policy::reference>(m, V), task, tiny_training(steps));
 
   // V2 has the Transformer's heads, head size and key/value heads and twice its query heads: per layer a q_proj
   // larger by C x C and a lambda_proj [2h, C]; nothing else differs.
@@ -343,8 +343,8 @@ TEST_CASE("the two-model report keeps its columns and its six checks") {
   // --arch's default (diff, baseline): the files as before V2 joined.
   const auto task = tiny_task();
   const index_t V = vocabulary(task).size;
-  trainer diff(make_diff_model<8, policy::reference>(tiny_model(), V), task, tiny_training(2));
-  trainer base(make_baseline_model<8, policy::reference>(tiny_model(), V), task, tiny_training(2));
+  trainer diff(make_diff_model<policy::reference>(tiny_model(), V), task, tiny_training(2));
+  trainer base(make_baseline_model<policy::reference>(tiny_model(), V), task, tiny_training(2));
   diff.train();
   base.train();
   std::vector<model_run> runs(2);
@@ -372,8 +372,8 @@ TEST_CASE("accuracy with quantized attention logits: 16 bits is the evaluation i
   const auto task = tiny_task();
   const index_t V = vocabulary(task).size;
   const eval_config eval{.per_cell = 2, .stats_batch = 1};
-  trainer diff(make_diff_model<8, policy::reference>(tiny_model(), V), task, tiny_training(20));
-  trainer base(make_baseline_model<8, policy::reference>(tiny_model(), V), task, tiny_training(20));
+  trainer diff(make_diff_model<policy::reference>(tiny_model(), V), task, tiny_training(20));
+  trainer base(make_baseline_model<policy::reference>(tiny_model(), V), task, tiny_training(20));
   diff.train();
   base.train();
   auto quantized = [](int bits) {
@@ -386,9 +386,9 @@ TEST_CASE("accuracy with quantized attention logits: 16 bits is the evaluation i
              .history = diff.history(), .eval = diff.evaluate(eval)};
   runs[1] = {.name = "baseline", .label = "Transformer", .short_label = "Transformer", .parameters = base.parameter_count(),
              .history = base.history(), .eval = base.evaluate(eval)};
-  diff.evaluate_logit_bits(eval, [&](int bits) { return make_diff_model<8, policy::reference>(quantized(bits), V); },
+  diff.evaluate_logit_bits(eval, [&](int bits) { return make_diff_model<policy::reference>(quantized(bits), V); },
                            runs[0].eval);
-  base.evaluate_logit_bits(eval, [&](int bits) { return make_baseline_model<8, policy::reference>(quantized(bits), V); },
+  base.evaluate_logit_bits(eval, [&](int bits) { return make_baseline_model<policy::reference>(quantized(bits), V); },
                            runs[1].eval);
   for (const auto& run : runs) {
     const auto& by_bits = run.eval.by_logit_bits;
@@ -408,7 +408,7 @@ TEST_CASE("accuracy with quantized attention logits: 16 bits is the evaluation i
   {
     evaluation again;
     again.cells = runs[0].eval.cells;
-    diff.evaluate_logit_bits(eval, [&](int) { return make_diff_model<8, policy::reference>(quantized(16), V); }, again);
+    diff.evaluate_logit_bits(eval, [&](int) { return make_diff_model<policy::reference>(quantized(16), V); }, again);
     for (std::size_t i = 1; i < 4; ++i) CHECK(again.by_logit_bits[i].correct == again.by_logit_bits[0].correct);
   }
 

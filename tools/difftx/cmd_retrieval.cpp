@@ -34,10 +34,6 @@ using namespace difftx::retrieval;
 // bit-identical for any --jobs); policy::simd is several times faster.
 constexpr const char* policy_names[] = {"reference", "simd"};
 
-// The half head sizes D compiled in; --d-model / (2 · --heads) must be one.
-// (V2 runs on difftx::dynamic, the same kernels, so its build does not multiply by three.)
-constexpr index_t head_dims[] = {8, 16, 32};
-
 // --arch's names, in the order the report lists them (the Transformer last).
 constexpr const char* architecture_names[] = {"diff", "v2", "baseline"};
 
@@ -117,19 +113,20 @@ model_run train_and_evaluate(trainer<Layer>& t, const std::string& name, const s
   return r;
 }
 
-template <index_t D, class Policy>
+template <class Policy>
 void run(const options& o, const Policy& policy) {
   const auto start = std::chrono::steady_clock::now();
   run_setup s = o.setup;
+  const index_t D = half_head_dim(s.model);
   s.head_dim = D;
   const index_t V = vocabulary(s.task).size;
   auto wanted = [&](const char* name) {
     return std::find(s.architectures.begin(), s.architectures.end(), name) != s.architectures.end();
   };
-  std::optional<trainer<DecoderLayer<float, D, Policy>>> diff;
+  std::optional<trainer<DecoderLayer<float, dynamic, Policy>>> diff;
   std::optional<trainer<DecoderLayerV2<float, dynamic, Policy>>> v2;
-  trainer base(make_baseline_model<D>(s.model, V, policy), s.task, s.train);
-  if (wanted("diff")) diff.emplace(make_diff_model<D>(s.model, V, policy), s.task, s.train);
+  trainer base(make_baseline_model(s.model, V, policy), s.task, s.train);
+  if (wanted("diff")) diff.emplace(make_diff_model(s.model, V, policy), s.task, s.train);
   if (wanted("v2")) v2.emplace(make_v2_model(s.model, V, policy), s.task, s.train);
   auto quantized = [&](int bits) {  // the run's model_config with its attention logits quantized
     model_config m = s.model;
@@ -156,13 +153,13 @@ void run(const options& o, const Policy& policy) {
   const index_t h = s.model.heads;
   if (diff)
     add(*diff, "diff", "DIFF Transformer", "DIFF", std::to_string(h) + " heads of 2x" + std::to_string(D),
-        [&, quantized](int bits) { return make_diff_model<D>(quantized(bits), V, policy); });
+        [&, quantized](int bits) { return make_diff_model(quantized(bits), V, policy); });
   if (v2)
     add(*v2, "v2", "DIFF V2", "DIFF V2",
         std::to_string(2 * h) + " heads of " + std::to_string(D) + " from " + std::to_string(4 * h) + " query heads",
         [&, quantized](int bits) { return make_v2_model(quantized(bits), V, policy); });
   add(base, "baseline", "Transformer", "Transformer", std::to_string(2 * h) + " heads of " + std::to_string(D),
-      [&, quantized](int bits) { return make_baseline_model<D>(quantized(bits), V, policy); });
+      [&, quantized](int bits) { return make_baseline_model(quantized(bits), V, policy); });
   std::string models;
   for (const auto& j : jobs)
     models += (models.empty() ? "" : ", ") + j.short_label + " " + j.shape + " (" + std::to_string(j.parameters) + " parameters)";
@@ -210,26 +207,14 @@ void run(const options& o, const Policy& policy) {
   for (const auto& line : retrieval::detail::logit_bits_reading(list)) std::printf("  - %s\n", line.c_str());
 }
 
-template <class Policy>
-void dispatch(const options& o, const Policy& policy) {
-  const auto& m = o.setup.model;
-  const index_t D = m.d_model % (2 * m.heads) == 0 ? m.d_model / (2 * m.heads) : 0;
-  switch (D) {
-    case 8: return run<8>(o, policy);
-    case 16: return run<16>(o, policy);
-    case 32: return run<32>(o, policy);
-    default: break;
-  }
-  std::string dims;
-  for (index_t d : head_dims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-  throw input_error("retrieval", "--d-model/--heads", "d_model = 2 x heads x D with D in {" + dims + "}",
-                    "d_model " + std::to_string(m.d_model) + " and " + std::to_string(m.heads) + " heads");
-}
-
 // Everything a run needs checked before the first step, as bad input (exit 3).
 void check(const options& o) {
   const auto& s = o.setup;
   check_task(s.task);
+  const auto& m = s.model;
+  require(m.d_model % (2 * m.heads) == 0 && half_head_dim(m) % 2 == 0, "retrieval", "--d-model/--heads",
+          "d_model = 2 x heads x D with D even (RoPE's pairs)",
+          "d_model " + std::to_string(m.d_model) + " and " + std::to_string(m.heads) + " heads");
   require(s.model.layers >= 1, "retrieval", "--layers", "at least 1", std::to_string(s.model.layers));
   require(s.train.warmup < s.train.steps, "retrieval", "--warmup", "fewer warm-up steps than --steps = " + std::to_string(s.train.steps),
           std::to_string(s.train.warmup));
@@ -259,7 +244,7 @@ void add_retrieval_command(CLI::App& app) {
   cmd->add_option("--filler", s.task.filler, "distinct haystack filler tokens")->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_option("--value-length", s.task.value_length, "tokens per value")->capture_default_str()->check(CLI::Range(1, 16));
   // Model.
-  cmd->add_option("--d-model", s.model.d_model, "model width C (= 2 x heads x D, D in {8, 16, 32})")->capture_default_str()->check(count_in(1));
+  cmd->add_option("--d-model", s.model.d_model, "model width C (= 2 x heads x D, D even)")->capture_default_str()->check(count_in(1));
   cmd->add_option("--heads", s.model.heads, "differential heads h (the Transformer gets 2h)")->capture_default_str()->check(count_in(1));
   cmd->add_option("--arch", s.architectures,
                   "models to compare, comma-separated: diff (DIFF Transformer, V1), v2 (differential attention V2 with the "
@@ -309,9 +294,9 @@ void add_retrieval_command(CLI::App& app) {
     if (warmup->count() == 0) st.train.warmup = std::min(st.train.warmup, st.train.steps / 10);
     check(*o);
     if (st.policy == policy::simd::name)
-      dispatch(*o, policy::simd{st.jobs >= 2 ? 1 : 0});  // side by side: a thread each
+      run(*o, policy::simd{st.jobs >= 2 ? 1 : 0});  // side by side: a thread each
     else
-      dispatch(*o, policy::reference{});
+      run(*o, policy::reference{});
   });
 }
 

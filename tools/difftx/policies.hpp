@@ -2,7 +2,8 @@
 //
 // Entries go slowest first: the last one is "the fastest policy built", every
 // command's default. Adding a policy that the host compiler builds is adding
-// its header and one entry here (as simd was). Every module is instantiated at
+// its tag here, one entry, and its name to difftx_policy_runners in
+// tools/CMakeLists.txt (as simd was). Every module is instantiated at
 // the run-time head size (difftx::dynamic) only: a compiled D runs the same
 // kernels (they read d from the shapes; docs/benchmarks.md, "Run-time head size
 // against a compiled one") and each one more would lengthen the build by a
@@ -17,9 +18,9 @@
 
 #include <tuple>
 
-#include <difftx/policy/reference.hpp>
+#include <difftx/policy/reference/tag.hpp>
 #if !defined(DIFFTX_CLI_FUZZ_REGISTRY)
-#include <difftx/policy/simd.hpp>
+#include <difftx/policy/simd/tag.hpp>
 #endif
 
 namespace difftx::cli {

@@ -1,28 +1,18 @@
 // The registry's queries, and make_runner's dispatch on the policy and the
-// number type (each host type's instantiations live in their own
-// runners_<type>.cpp; policy::cuda's in runners_cuda.cu).
+// number type (each host policy and type's instantiations live in a unit of
+// their own, policy_runners.hpp; policy::cuda's in runners_cuda.cu).
 #include <algorithm>
 
 #include <nlohmann/json.hpp>
 
 #include "policies.hpp"
+#include "policy_runners.hpp"
 #include "runner.hpp"
 #if defined(DIFFTX_CLI_CUDA)
 #include "cuda_policy.hpp"
 #endif
 
 namespace difftx::cli {
-
-template <class T>
-std::unique_ptr<runner> make_typed_runner(const module_spec& spec, std::string_view policy, const policy_options& options);
-extern template std::unique_ptr<runner> make_typed_runner<double>(const module_spec&, std::string_view,
-                                                                  const policy_options&);
-extern template std::unique_ptr<runner> make_typed_runner<float>(const module_spec&, std::string_view,
-                                                                  const policy_options&);
-extern template std::unique_ptr<runner> make_typed_runner<Eigen::half>(const module_spec&, std::string_view,
-                                                                  const policy_options&);
-extern template std::unique_ptr<runner> make_typed_runner<Eigen::bfloat16>(const module_spec&, std::string_view,
-                                                                  const policy_options&);
 
 namespace {
 
@@ -95,7 +85,10 @@ std::unique_ptr<runner> make_runner(const module_spec& spec, std::string_view po
 #if defined(DIFFTX_CLI_CUDA)
   if (is_cuda(policy)) return cuda_policy::make_runner(spec, type, options);
 #endif
-  return with_type(type, [&]<class T>() { return make_typed_runner<T>(spec, policy, options); });
+  return with_type(type, [&]<class T>() {
+    return detail::on_host_policy<T>("make_runner", policy,
+                                     [&]<class Policy>() { return detail::make_for_policy<T, Policy>(spec, options); });
+  });
 }
 
 }  // namespace difftx::cli

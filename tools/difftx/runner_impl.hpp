@@ -1,8 +1,8 @@
 // module_runner<Module>, and detail::make_for_policy, which picks the module
-// kind and the head size for one policy and number type. Only the runners_*
-// files include this (through typed_runners.hpp for the host policies; the
-// nvcc-compiled runners_cuda.cu directly), so the build splits by type, and
-// language_model_runner.cpp, for the policy and layer configs its language models share.
+// kind for one policy and number type. Only the units that instantiate the
+// runners include this (the generated policy_runners_<policy>_<type>.cpp, see
+// policy_runners.hpp; the nvcc-compiled runners_cuda.cu), so the build splits
+// by policy and type.
 #pragma once
 
 #include <chrono>

@@ -73,28 +73,35 @@ inline std::uint64_t training_data_seed(std::uint64_t seed) { return seed * 0x9e
 inline std::uint64_t eval_data_seed(std::uint64_t seed) { return seed * 0x9e3779b97f4a7c15ULL + 2; }
 inline std::uint64_t init_seed(std::uint64_t seed) { return seed * 0x9e3779b97f4a7c15ULL + 3; }
 
-template <index_t D, class Policy = policy::reference>
-LanguageModel<DecoderLayer<float, D, Policy>> make_diff_model(const model_config& m, index_t vocab, const Policy& policy = {}) {
-  std::vector<DecoderLayer<float, D, Policy>> layers;
-  for (index_t l = 0; l < m.layers; ++l)
-    layers.emplace_back(
-        DecoderLayerConfig{{.d_model = m.d_model, .heads = m.heads, .layer_index = l, .logit_bits = m.logit_bits}, m.ffn_dim},
-        policy);
-  return LanguageModel<DecoderLayer<float, D, Policy>>({vocab, m.d_model}, std::move(layers));
-}
+// The three models on the difftx::dynamic head size, D = C / 2h from the
+// config (a compiled D runs the same kernels): one instantiation each for
+// every D the command takes. The module checks D (positive and even).
+inline index_t half_head_dim(const model_config& m) { return m.d_model / (2 * m.heads); }
 
-template <index_t D, class Policy = policy::reference>
-LanguageModel<BaselineLayer<float, D, Policy>> make_baseline_model(const model_config& m, index_t vocab,
-                                                                   const Policy& policy = {}) {
-  std::vector<BaselineLayer<float, D, Policy>> layers;
+template <class Policy = policy::reference>
+LanguageModel<DecoderLayer<float, dynamic, Policy>> make_diff_model(const model_config& m, index_t vocab,
+                                                                    const Policy& policy = {}) {
+  std::vector<DecoderLayer<float, dynamic, Policy>> layers;
   for (index_t l = 0; l < m.layers; ++l)
-    layers.emplace_back(BaselineLayerConfig{{.d_model = m.d_model, .heads = 2 * m.heads, .logit_bits = m.logit_bits}, m.ffn_dim},
+    layers.emplace_back(DecoderLayerConfig{{.d_model = m.d_model, .heads = m.heads, .layer_index = l,
+                                            .head_dim = half_head_dim(m), .logit_bits = m.logit_bits},
+                                           m.ffn_dim},
                         policy);
-  return LanguageModel<BaselineLayer<float, D, Policy>>({vocab, m.d_model}, std::move(layers));
+  return LanguageModel<DecoderLayer<float, dynamic, Policy>>({vocab, m.d_model}, std::move(layers));
 }
 
-// V2 on the difftx::dynamic head size (D = C / 2h from the config): one
-// instantiation for every D the command takes.
+template <class Policy = policy::reference>
+LanguageModel<BaselineLayer<float, dynamic, Policy>> make_baseline_model(const model_config& m, index_t vocab,
+                                                                         const Policy& policy = {}) {
+  std::vector<BaselineLayer<float, dynamic, Policy>> layers;
+  for (index_t l = 0; l < m.layers; ++l)
+    layers.emplace_back(BaselineLayerConfig{{.d_model = m.d_model, .heads = 2 * m.heads, .head_dim = half_head_dim(m),
+                                             .logit_bits = m.logit_bits},
+                                            m.ffn_dim},
+                        policy);
+  return LanguageModel<BaselineLayer<float, dynamic, Policy>>({vocab, m.d_model}, std::move(layers));
+}
+
 template <class Policy = policy::reference>
 LanguageModel<DecoderLayerV2<float, dynamic, Policy>> make_v2_model(const model_config& m, index_t vocab,
                                                                     const Policy& policy = {}) {

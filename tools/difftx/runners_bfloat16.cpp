@@ -1,5 +1,0 @@
-// Every host-policy runner computing in bfloat16 (see typed_runners.hpp).
-#include "typed_runners.hpp"
-
-template std::unique_ptr<difftx::cli::runner> difftx::cli::make_typed_runner<Eigen::bfloat16>(const module_spec&, std::string_view,
-                                                                  const policy_options&);
