@@ -254,11 +254,10 @@ def checkpoint(raw, threads):
 
 
 def generation(raw, threads):
-    g = {n.replace("/iterations:1/manual_time", ""): r for n, r in bench_rows(os.path.join(raw, "generate.json")).items()}
-    batched = next(r for n, r in g.items() if n.endswith("/batched"))
-    alone = next(r for n, r in g.items() if n.endswith("/one_at_a_time"))
-    name = next(n for n in g if n.endswith("/batched"))
+    name, g = next(iter(bench_rows(os.path.join(raw, "generate.json")).items()))
     prompts, prompt_tokens, new = (int(part.split(":")[1]) for part in name.split("/")[2:5])
+    batched, alone = ({k[len(way) + 1:]: v for k, v in g.items() if k.startswith(way + "_")}
+                      for way in ("batched", "one_at_a_time"))
     step_ms = 1e3 / alone["decode_tokens_per_s"]  # one prompt's decode step, its greedy pick included
     samplers = bench_rows(os.path.join(raw, "sampler.json"))
     chain_rows, shares = [], []
@@ -276,12 +275,13 @@ def generation(raw, threads):
     rows = [["difftx, one prompt at a time", ms(alone["prefill_ms"]), f"{alone['decode_tokens_per_s']:.1f}",
              f"{alone['tokens_per_s']:.1f}", "1.00x"],
             [f"difftx, {prompts} prompts at once", ms(batched["prefill_ms"]), f"{batched['decode_tokens_per_s']:.1f}",
-             f"{batched['tokens_per_s']:.1f}", ratio(batched["decode_tokens_per_s"], base)]]
+             f"{batched['tokens_per_s']:.1f}", f"{g['decode_ratio']:.2f}x"]]
     for b, p in sorted(peers.items()):
         # transformers' prefill is one generate(1) over the batch; one prompt at a time, prompts times that.
         prefill = p["prefill_ms"] * (prompts if b == 1 else 1)
         total = prompts * new / ((prefill + (new - 1) * p["decode_ms_per_token"] * (prompts if b == 1 else 1)) / 1e3)
-        rows.append([f"transformers, {'one prompt at a time' if b == 1 else f'{b} prompts at once'}", ms(prefill),
+        label = "one prompt at a time" if b == 1 else f"{p['batch']} prompts at once"
+        rows.append([f"transformers, {label}", ms(prefill),
                      f"{p['decode_tokens_per_s']:.1f}", f"{total:.1f}", ratio(p["decode_tokens_per_s"], base)])
     cmds = commands(raw, "make", "sampler.json", "generate.json", "peer.1.txt", "peer.8.txt")
     model = (f"{peers[8]['parameters'] / 1e6:.0f}M parameters; transformers {peers[8]['transformers']}, "
@@ -298,7 +298,8 @@ def generation(raw, threads):
               table(f"The 375M DiffLlama folder of \"Decoding a checkpoint\" ({model}), bfloat16: {prompts} prompts "
                     f"of {prompt_tokens} random tokens, {new} greedy new tokens each (no stop token). difftx: "
                     f"`generate(model, prompts, options)` (one packed prefill, then decode steps of one token per "
-                    f"prompt over one cache) against `generate(model, prompt, options)` for each; median of 3. "
+                    f"prompt over one cache) against `generate(model, prompt, options)` for each, the two in turn "
+                    f"in each of 5 runs; medians (the ratio: the median of the runs' ratios). "
                     f"transformers: `generate` on a batch of {prompts} (equal lengths, no padding) and on one "
                     f"prompt, SDPA attention, its decode time generate({new}) minus generate(1), medians of 3; "
                     f"one prompt at a time is that prompt's times {prompts}. prefill ms: until every prompt has its "
@@ -306,7 +307,7 @@ def generation(raw, threads):
                     f"prefill; tokens/s: all {prompts * new} new tokens over the whole time.",
                     ["contender", "prefill ms", "decode tokens/s", "tokens/s", "decode vs difftx one at a time"],
                     rows, cmds)]
-    values = {"prompts": prompts, "decode": ratio(batched["decode_tokens_per_s"], base),
+    values = {"prompts": prompts, "decode": f"{g['decode_ratio']:.2f}x",
               "total": ratio(batched["tokens_per_s"], alone["tokens_per_s"]),
               "vs_transformers": ratio(batched["decode_tokens_per_s"], peers[8]["decode_tokens_per_s"]) if 8 in peers
               else "n/a",

@@ -11,15 +11,15 @@
 // (a trained model's shape: a few likely tokens, a long flat tail); "flat",
 // N(0, 3²) (a random model's: top-p keeps thousands).
 //
-// generate/<dtype>/prompts:P/prompt:N/new:K/(batched|one_at_a_time), where
-// DIFFTX_BENCH_MODEL names a DiffLlama folder: P prompts of N random tokens,
-// K greedy new tokens each (no stop token), with decoding panels as `difftx
-// generate` loads them. batched: generate(model, prompts, options), one
+// generate/<dtype>/prompts:P/prompt:N/new:K, where DIFFTX_BENCH_MODEL names a
+// DiffLlama folder: P prompts of N random tokens, K greedy new tokens each (no
+// stop token), with decoding panels as `difftx generate` loads them; each run
+// batched, then one at a time. batched: generate(model, prompts, options), one
 // packed prefill and decode steps of P tokens; one_at_a_time: generate(model,
-// prompt, options) for each. Counters: prefill_ms (until the last prompt's
-// first token), decode_tokens_per_s (the tokens after each prompt's first over
-// the time after the prefill), tokens_per_s (every new token over the whole
-// time). DIFFTX_BENCH_PROMPTS, DIFFTX_BENCH_PROMPT_TOKENS, DIFFTX_BENCH_NEW_TOKENS
+// prompt, options) for each. Counters, for each: <way>_prefill_ms (until the
+// last prompt's first token), <way>_decode_tokens_per_s (the tokens after each
+// prompt's first over the time after the prefill), <way>_tokens_per_s (every
+// new token over the whole time); decode_ratio, batched over one at a time. DIFFTX_BENCH_PROMPTS, DIFFTX_BENCH_PROMPT_TOKENS, DIFFTX_BENCH_NEW_TOKENS
 // change P, N, K (default 8, 512, 64); DIFFTX_BENCH_DTYPE float32 or bfloat16
 // (default bfloat16). Threads: OMP_NUM_THREADS.
 #include <benchmark/benchmark.h>
@@ -70,11 +70,53 @@ index_t from_environment(const char* name, index_t otherwise) {
   return v ? std::stol(v) : otherwise;
 }
 
+// Seconds of one generation: until every prompt has its first token (the prefill), and in all.
+struct phases {
+  double prefill = 0, total = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+template <class Model>
+phases batched(const Model& model, const std::vector<std::vector<token_t>>& prompts, const difftx::generation_options& o) {
+  phases p;
+  const auto start = std::chrono::steady_clock::now();
+  std::size_t first_tokens = 0;
+  const auto out = difftx::generate(model, std::span(prompts), o, [&](std::size_t, token_t) {
+    if (++first_tokens == prompts.size()) p.prefill = seconds_since(start);
+  });
+  benchmark::DoNotOptimize(out.data());
+  p.total = seconds_since(start);
+  return p;
+}
+
+template <class Model>
+phases one_at_a_time(const Model& model, const std::vector<std::vector<token_t>>& prompts,
+                     const difftx::generation_options& o) {
+  phases p;
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& prompt : prompts) {
+    const auto one = std::chrono::steady_clock::now();
+    bool first = true;
+    const auto out = difftx::generate(model, prompt, o, [&](token_t) {
+      if (first) p.prefill += seconds_since(one);
+      first = false;
+    });
+    benchmark::DoNotOptimize(out.data());
+  }
+  p.total = seconds_since(start);
+  return p;
+}
+
+// Each run generates the prompts batched, then one at a time, so that the
+// two are measured side by side (a busy machine slows both alike).
 template <class T>
-void generate(benchmark::State& state, const std::string& folder, bool batched) {
+void generate(benchmark::State& state, const std::string& folder) {
   const index_t P = from_environment("DIFFTX_BENCH_PROMPTS", 8), N = from_environment("DIFFTX_BENCH_PROMPT_TOKENS", 512),
                 K = from_environment("DIFFTX_BENCH_NEW_TOKENS", 64);
-  // Loaded once for every row and repetition of this type.
+  // Loaded once for every repetition.
   static auto model = [&] {
     auto m = difftx::io::load_diffllama<T>(folder, difftx::policy::simd{});
     m.add_decoding_panels();
@@ -85,38 +127,21 @@ void generate(benchmark::State& state, const std::string& folder, bool batched) 
   for (auto& p : prompts)
     for (index_t i = 0; i < N; ++i) p.push_back(3 + static_cast<token_t>(rng.uniform() * double(model.config().vocab_size - 3)));
   const difftx::generation_options o{.max_new_tokens = K};
-  double prefill_s = 0, decode_s = 0, total_s = 0;
+  phases together, alone;
   for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    const auto since = [](auto t) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); };
-    double prefill = 0;
-    if (batched) {
-      index_t first_tokens = 0;
-      const auto out = difftx::generate(model, std::span(prompts), o, [&](std::size_t, token_t) {
-        if (++first_tokens == P) prefill = since(start);
-      });
-      benchmark::DoNotOptimize(out.data());
-    } else {
-      for (const auto& p : prompts) {
-        const auto one = std::chrono::steady_clock::now();
-        bool first = true;
-        const auto out = difftx::generate(model, p, o, [&](token_t) {
-          if (first) prefill += since(one);
-          first = false;
-        });
-        benchmark::DoNotOptimize(out.data());
-      }
-    }
-    const double total = since(start);
-    state.SetIterationTime(total);
-    prefill_s += prefill;
-    decode_s += total - prefill;
-    total_s += total;
+    const auto b = batched(model, prompts, o), a = one_at_a_time(model, prompts, o);
+    state.SetIterationTime(b.total + a.total);
+    together = {together.prefill + b.prefill, together.total + b.total};
+    alone = {alone.prefill + a.prefill, alone.total + a.total};
   }
   const auto runs = static_cast<double>(state.iterations());
-  state.counters["prefill_ms"] = prefill_s / runs * 1e3;
-  state.counters["decode_tokens_per_s"] = double(P * (K - 1)) / (decode_s / runs);
-  state.counters["tokens_per_s"] = double(P * K) / (total_s / runs);
+  const auto decode_tokens_per_s = [&](const phases& p) { return double(P * (K - 1)) / ((p.total - p.prefill) / runs); };
+  for (const auto& [name, p] : {std::pair{"batched", together}, std::pair{"one_at_a_time", alone}}) {
+    state.counters[std::string(name) + "_prefill_ms"] = p.prefill / runs * 1e3;
+    state.counters[std::string(name) + "_decode_tokens_per_s"] = decode_tokens_per_s(p);
+    state.counters[std::string(name) + "_tokens_per_s"] = double(P * K) / (p.total / runs);
+  }
+  state.counters["decode_ratio"] = decode_tokens_per_s(together) / decode_tokens_per_s(alone);
   state.counters["prompts"] = double(P);
 }
 
@@ -148,18 +173,17 @@ int main(int argc, char** argv) {
     const std::string shape = "/prompts:" + std::to_string(from_environment("DIFFTX_BENCH_PROMPTS", 8)) +
                               "/prompt:" + std::to_string(from_environment("DIFFTX_BENCH_PROMPT_TOKENS", 512)) +
                               "/new:" + std::to_string(from_environment("DIFFTX_BENCH_NEW_TOKENS", 64));
-    using run_fn = void (*)(benchmark::State&, const std::string&, bool);
+    using run_fn = void (*)(benchmark::State&, const std::string&);
     const run_fn run = dtype == "float32" ? &generate<float> : dtype == "bfloat16" ? &generate<bf16> : nullptr;
     if (!run) {
       std::fprintf(stderr, "generation_bench: DIFFTX_BENCH_DTYPE must be float32 or bfloat16, not '%s'\n", dtype.c_str());
       return 2;
     }
-    for (const bool batched : {true, false})
-      benchmark::RegisterBenchmark(("generate/" + dtype + shape + (batched ? "/batched" : "/one_at_a_time")).c_str(),
-                                   [run, f = std::string(folder), batched](benchmark::State& s) { run(s, f, batched); })
-          ->UseManualTime()
-          ->Iterations(1)
-          ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("generate/" + dtype + shape).c_str(),
+                                 [run, f = std::string(folder)](benchmark::State& s) { run(s, f); })
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

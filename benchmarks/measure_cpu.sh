@@ -57,7 +57,7 @@ wait_quiet() {
   local start=$SECONDS calm=0 waited
   waited=$(cat "$work/waited")
   while ((calm < 3)); do
-    if [ "$(pgrep -c 'cc1plus|cicc|ptxas' || true)" = 0 ] && ! pgrep -f 'ctest|ninja' >/dev/null; then
+    if [ "$(pgrep -c cc1plus || true)" = 0 ] && ! pgrep 'cicc|ptxas' >/dev/null && ! pgrep -f 'ctest|ninja' >/dev/null; then
       calm=$((calm + 1))
     else
       calm=0
@@ -152,7 +152,7 @@ measure() {  # question: its commands, outputs under $work/<question>
       run "$o/sampler.json" env OMP_NUM_THREADS="$THREADS" "$g" '--benchmark_filter=^sampler/' --benchmark_min_time=0.5 \
         --benchmark_repetitions=3 --benchmark_format=json
       run "$o/generate.json" env OMP_NUM_THREADS="$THREADS" DIFFTX_BENCH_MODEL="$ckpt" "$g" '--benchmark_filter=^generate/' \
-        --benchmark_repetitions=3 --benchmark_format=json
+        --benchmark_repetitions=5 --benchmark_format=json
       if ((has_peers)); then
         for b in 1 8; do
           run "$o/peer.$b.txt" "$PYTHON" benchmarks/peer_transformers_generate.py --model "$ckpt" --dtype bfloat16 \
