@@ -3,7 +3,7 @@
 
 - Every relative link in README.md and docs/**/*.md resolves to a file or
   folder of the repository (a #fragment after a path is not checked).
-- Every ```cpp block of README.md and docs/guide/*.md is compiled: each of its
+- Every ```cpp block of README.md and docs/**/*.md is compiled: each of its
   lines (trimmed) is a line of one file under examples/ or docs/guide/snippets/,
   which examples/CMakeLists.txt builds and CTest runs.
 - The README's install command lists exactly the packages .ci/run installs.
@@ -41,7 +41,7 @@ def code_blocks(problems):
     compiled = set()
     for s in sources:
         compiled.update(line.strip() for line in open(s, encoding="utf-8"))
-    for page in [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "guide", "*.md"))):
+    for page in pages():
         text = open(page, encoding="utf-8").read()
         for block in re.findall(r"```cpp\n(.*?)```", text, flags=re.S):
             for line in block.splitlines():
