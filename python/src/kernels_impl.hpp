@@ -137,14 +137,24 @@ void kernels<T, Device>::attention_varlen_backward(const execution& e, const att
   });
 }
 
-// Idle modules of one type, by configuration, for the forwards to lease: a
-// forward copies its weights into one and its state keeps it until the
-// backward is done (then it comes back here), so building one and zeroing its
-// weights and gradients is paid once per configuration and live forward, not
-// per call. Never destroyed: handles may outlive static destructors.
+// A MultiHead and the saved state of its last forward.
+template <class Module>
+struct module_in_use {
+  std::unique_ptr<Module> module;
+  typename Module::saved_type saved;
+};
+
+// Idle MultiHeads, by configuration, for the forwards to lease: a forward
+// copies its weights into one and runs it into its saved state, which keeps
+// it until the backward is done (then it comes back here). So building one,
+// zeroing its parameters and gradients and allocating its saved state are
+// paid once per configuration and live forward, not per call: a forward of
+// the shape it last ran writes the same buffers again, as a C++ training loop
+// reuses its saved_type. Never destroyed: handles may outlive static destructors.
 template <class Module>
 class module_pool {
  public:
+  using item = module_in_use<Module>;
   struct key {
     multihead_config config;
     int threads, device;
@@ -155,26 +165,28 @@ class module_pool {
     return *pool;
   }
   template <class Make>
-  std::unique_ptr<Module> lease(const key& k, Make&& make) {
+  std::unique_ptr<item> lease(const key& k, Make&& make) {
     {
       std::lock_guard lock(mutex_);
       for (auto it = idle_.begin(); it != idle_.end(); ++it)
         if (it->first == k) {
-          auto module = std::move(it->second);
+          auto leased = std::move(it->second);
           idle_.erase(it);
-          return module;
+          return leased;
         }
     }
-    return make();
+    auto fresh = std::make_unique<item>();
+    fresh->module = make();
+    return fresh;
   }
-  void give_back(const key& k, std::unique_ptr<Module> module) {
+  void give_back(const key& k, std::unique_ptr<item> leased) {
     std::lock_guard lock(mutex_);
-    idle_.emplace_back(k, std::move(module));
+    idle_.emplace_back(k, std::move(leased));
   }
 
  private:
   std::mutex mutex_;
-  std::vector<std::pair<key, std::unique_ptr<Module>>> idle_;
+  std::vector<std::pair<key, std::unique_ptr<item>>> idle_;
 };
 
 template <class T, class Device>
@@ -182,10 +194,9 @@ struct multihead_state final : saved_state {
   using module_type = difftx::MultiHead<T, difftx::dynamic, typename device_traits<Device>::policy>;
   using pool_type = module_pool<module_type>;
   typename pool_type::key key;
-  std::unique_ptr<module_type> module;
-  typename module_type::saved_type saved;
+  std::unique_ptr<typename pool_type::item> leased;
   ~multihead_state() override {
-    if (module) pool_type::instance().give_back(key, std::move(module));
+    if (leased) pool_type::instance().give_back(key, std::move(leased));
   }
 };
 
@@ -217,7 +228,7 @@ std::unique_ptr<saved_state> kernels<T, Device>::multihead_forward(const executi
   typename device_traits<Device>::session s(e);
   auto state = std::make_unique<state_type>();
   state->key = {c, e.threads, device_traits<Device>::device_of(e)};
-  state->module = state_type::pool_type::instance().lease(state->key, [&] {
+  state->leased = state_type::pool_type::instance().lease(state->key, [&] {
     const difftx::uninitialised_parameters weights_come_next;
     return std::make_unique<typename state_type::module_type>(
         difftx::MultiHeadConfig{.d_model = c.embed_dim, .heads = c.heads, .kv_heads = c.kv_heads,
@@ -225,7 +236,8 @@ std::unique_ptr<saved_state> kernels<T, Device>::multihead_forward(const executi
                                 .subln_eps = c.subln_eps},
         s.p);
   });
-  const auto targets = named_parameters(*state->module);
+  auto& [module, saved] = *state->leased;
+  const auto targets = named_parameters(*module);
   difftx::require(targets.size() == parameters.size(), "difftx extension", "parameters",
                   [&] { return std::to_string(targets.size()) + " tensors"; },
                   [&] { return std::to_string(parameters.size()); });
@@ -233,8 +245,7 @@ std::unique_ptr<saved_state> kernels<T, Device>::multihead_forward(const executi
     const auto source = view<const T, 1, Device>(parameters[i], {targets[i].size()});
     targets[i].memory->copy(targets[i].value, source.data(), static_cast<std::size_t>(source.size()) * sizeof(T));
   }
-  state->module->forward(view<const T, 3, Device>(x), view<T, 3, Device>(y), state->saved, {},
-                         table_of<T, Device>(cos, sin));
+  module->forward(view<const T, 3, Device>(x), view<T, 3, Device>(y), saved, {}, table_of<T, Device>(cos, sin));
   return state;
 }
 
@@ -245,9 +256,10 @@ bool kernels<T, Device>::multihead_backward(const execution& e, saved_state& sta
   auto* ours = dynamic_cast<multihead_state<T, Device>*>(&state);
   if (!ours) return false;
   typename device_traits<Device>::session s(e);
-  auto& module = *ours->module;
+  auto& [module_pointer, saved] = *ours->leased;
+  auto& module = *module_pointer;
   difftx::zero_grad(module);
-  module.backward(view<const T, 3, Device>(x), view<const T, 3, Device>(dy), ours->saved, view<T, 3, Device>(dx),
+  module.backward(view<const T, 3, Device>(x), view<const T, 3, Device>(dy), saved, view<T, 3, Device>(dx),
                   table_of<T, Device>(cos, sin));
   const auto sources = named_parameters(module);
   difftx::require(sources.size() == gradients.size(), "difftx extension", "gradients",
