@@ -128,6 +128,17 @@ template <Scalar T>
 void rope_backward(const fake_device&, TensorView<T, 4> dx, index_t offset, double theta, const rope_scaling& scaling) {
   on_host([](auto... a) { rope_backward(policy::reference{}, a...); }, dx, offset, theta, scaling);
 }
+// A caller's rope_table lives on the device too: its cos and sin are staged with x.
+template <Scalar T>
+void rope_forward(const fake_device&, TensorView<T, 4> x, index_t offset, const rope_table<accum_t<T>>& table) {
+  on_host([offset](auto xh, auto cos, auto sin) { rope_forward(policy::reference{}, xh, offset, rope_table<accum_t<T>>{cos, sin}); },
+          x, table.cos, table.sin);
+}
+template <Scalar T>
+void rope_backward(const fake_device&, TensorView<T, 4> dx, index_t offset, const rope_table<accum_t<T>>& table) {
+  on_host([offset](auto dxh, auto cos, auto sin) { rope_backward(policy::reference{}, dxh, offset, rope_table<accum_t<T>>{cos, sin}); },
+          dx, table.cos, table.sin);
+}
 template <int Maps, Scalar T>
 void attention_forward(const fake_device&, cview<T, 5> q, cview<T, 5> k, cview<T, 4> v, cview<accum_t<T>, 1> lambda,
                        bool causal, TensorView<T, 4> o, TensorView<T, 4> o2, TensorView<accum_t<T>, 4> lse) {
@@ -402,6 +413,35 @@ TEST_CASE("gradcheck through device memory: the same result as on the host, para
     copy_gradients(device, from_device);
     CHECK(flat_values(from_device, true) == flat_values(host, true));
   }
+}
+
+// The reference repo's rel_pos lives where the module does: a rope_table in
+// device memory rotates exactly as the same table on the host.
+TEST_CASE("MultiHead with a caller's rope_table in device memory: the host's results bit for bit") {
+  MultiHead<double, 4> host(small_config), from_device(small_config);
+  MultiHead<double, 4, fake_device> device(small_config);
+  randomise_parameters(host, 11);
+  copy_parameters(host, device);
+  const auto x = random_tensor<double, 3>({2, 3, 12}, 12), dy = random_tensor<double, 3>({2, 3, 12}, 13);
+  const auto cos = random_tensor<double, 2>({5, 2}, 14), sin = random_tensor<double, 2>({5, 2}, 15);
+  const auto cos_device = to_memory(cos, fake_memory()), sin_device = to_memory(sin, fake_memory());
+  const auto x_device = to_memory(x, fake_memory()), dy_device = to_memory(dy, fake_memory());
+
+  Tensor<double, 3> y({2, 3, 12}), dx({2, 3, 12});
+  MultiHead<double, 4>::saved_type saved;
+  host.forward(x.view(), y.view(), saved, {}, {cos.const_view(), sin.const_view()});
+  host.backward(x.view(), dy.view(), saved, dx.view(), {cos.const_view(), sin.const_view()});
+
+  Tensor<double, 3> y_device({2, 3, 12}, fake_memory()), dx_device({2, 3, 12}, fake_memory());
+  MultiHead<double, 4, fake_device>::saved_type saved_device;
+  const MultiHead<double, 4, fake_device>::rope_table_type table_device{cos_device.const_view(), sin_device.const_view()};
+  device.forward(x_device.view(), y_device.view(), saved_device, {}, table_device);
+  device.backward(x_device.view(), dy_device.view(), saved_device, dx_device.view(), table_device);
+
+  CHECK(same_bits(to_host(y_device.view(), fake_memory()), y));
+  CHECK(same_bits(to_host(dx_device.view(), fake_memory()), dx));
+  copy_gradients(device, from_device);
+  CHECK(flat_values(from_device, true) == flat_values(host, true));
 }
 
 TEST_CASE("gradcheck: x in a device memory the module does not use is refused") {
