@@ -7,6 +7,7 @@
 // benchmarks/peer_pytorch.py runs this binary and PyTorch side by side.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -454,6 +455,51 @@ void register_linear_libraries(const std::string& dtype) {
   }
 }
 
+// A prompt of a length oneDNN has not seen: the first product of M rows
+// creates a primitive for M (oneDNN's kernels are made for a row count), the
+// next one reuses it (onednn_matmul.hpp's cache). Each iteration takes a row
+// count this process has not used before (from 65 rows up) and times its first
+// product (the iteration's time) and its second (counter warm_ms): the
+// difference is what a new prompt length costs once per weight shape.
+template <class T>
+void register_linear_new_rows([[maybe_unused]] const std::string& dtype) {
+#if defined(DIFFTX_ONEDNN)
+  using clock = std::chrono::steady_clock;
+  for (const auto& [N, K] : {std::array<index_t, 2>{4096, 1024}, {1024, 4096}})
+    benchmark::RegisterBenchmark(("op:linear/simd/" + dtype + "/onednn/first_product_at_new_rows/" +
+                                  std::to_string(N) + "x" + std::to_string(K))
+                                     .c_str(),
+                                 [=](benchmark::State& state) {
+                                   static index_t next_rows = 65;  // each type's row counts, never reused
+                                   policy::simd p;
+                                   p.matmuls = policy::simd::matmul_library::onednn;
+                                   const auto w = random_input<T>(N, 3, 1, K);
+                                   double warm = 0;
+                                   for (auto _ : state) {
+                                     const index_t M = next_rows++;
+                                     const auto x = random_input<T>(M, 1, 1, K);
+                                     Tensor<T, 3> y({1, M, N});  // zeroed: its pages are in before the clock
+                                     const auto product = [&] {
+                                       linear_forward(p, flatten_rows(x.const_view()), flatten_rows(w.const_view()),
+                                                      flatten_rows(y.view()));
+                                       benchmark::ClobberMemory();
+                                     };
+                                     const auto start = clock::now();
+                                     product();
+                                     const auto first = clock::now();
+                                     product();
+                                     const auto second = clock::now();
+                                     state.SetIterationTime(std::chrono::duration<double>(first - start).count());
+                                     warm += std::chrono::duration<double>(second - first).count();
+                                   }
+                                   state.counters["warm_ms"] = 1e3 * warm / static_cast<double>(state.iterations());
+                                 })
+        ->UseManualTime()
+        ->Iterations(16)
+        ->Unit(benchmark::kMillisecond);
+#endif
+}
+
 // The machine's read bandwidth: a 1 GiB tensor (far past every cache) read
 // by OMP_NUM_THREADS threads as simd_detail::read_through reads (one
 // sequential stream per thread), on the pages a model's weights get (huge
@@ -491,6 +537,8 @@ int main(int argc, char** argv) {
   register_linear_libraries<float>("float32");
   register_linear_libraries<Eigen::bfloat16>("bfloat16");
   register_linear_libraries<std::int8_t>("int8");
+  register_linear_new_rows<float>("float32");
+  register_linear_new_rows<Eigen::bfloat16>("bfloat16");
   register_token_ops<float, policy::reference>("reference", "float32", {256});
   register_attention_op<2, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});
   register_attention_op<1, float, policy::simd>("simd", "float32", {512, 1024, 2048, 4096});

@@ -34,9 +34,9 @@ int run(int argc, char** argv) {
   train.rank = comm.rank();
   train.ranks = comm.size();
 
-  constexpr index_t D = 8;  // C / 2h
-  retrieval::trainer<DecoderLayer<float, D, policy::simd>> trainer(
-      retrieval::make_diff_model<D>(model, retrieval::vocabulary(task).size, policy::simd{}), task, train);
+  // The head size D = C / 2h (8 here) at run time, as the tool's retrieval command has it.
+  retrieval::trainer<DecoderLayer<float, dynamic, policy::simd>> trainer(
+      retrieval::make_diff_model(model, retrieval::vocabulary(task).size, policy::simd{}), task, train);
   // Collective: every rank's replica must have the same parameters (input_error otherwise).
   parallel::GradientAverager<float, parallel::mpi_communicator> average(trainer.model().parameters(), comm);
 
