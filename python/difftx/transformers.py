@@ -113,11 +113,15 @@ class DifftxDiffLlamaAttention(nn.Module):
         self.lambda_q2, self.lambda_k2 = original.lambda_q2, original.lambda_k2
         self.groupnorm = original.groupnorm
 
-    def forward(self, hidden_states, position_embeddings, attention_mask=None, past_key_values=None, **kwargs):
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, past_key_values=None, cache=None,
+                **kwargs):
         modeling = _diffllama()
-        if past_key_values is not None and not isinstance(past_key_values, modeling.DynamicCache):
-            raise ValueError(f"past_key_values: expected a DynamicCache (generate's default), got "
-                             f"{type(past_key_values).__name__}")
+        # transformers 5.24 renamed the layers' past_key_values to cache; either spelling arrives here.
+        cache_name = "cache" if cache is not None else "past_key_values"
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and not isinstance(cache, modeling.DynamicCache):
+            raise ValueError(f"{cache_name}: expected a DynamicCache (generate's default), got "
+                             f"{type(cache).__name__}")
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(f"attention_mask: expected a 2D padding mask (causal attention with padding), got a "
                              f"{attention_mask.dim()}D mask")
@@ -128,13 +132,13 @@ class DifftxDiffLlamaAttention(nn.Module):
         v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
         q, k = modeling.apply_rotary_pos_emb(q, k, cos, sin)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
         lambda_1 = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1, dtype=torch.float32)).to(q.dtype)
         lambda_2 = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1, dtype=torch.float32)).to(q.dtype)
         lambda_full = lambda_1 - lambda_2 + self.lambda_init
         o = self._attention(*self._difftx_layout(q, k, v), lambda_full, attention_mask,
-                            kwargs.get("position_ids") if past_key_values is None and attention_mask is None else None)
+                            kwargs.get("position_ids") if cache is None and attention_mask is None else None)
         o = (1 - self.lambda_init) * self.groupnorm(o)
         return self.o_proj(o.reshape(*input_shape, -1)), None
 
