@@ -75,7 +75,8 @@ const char* const file_names[] = {"w", "x", "dy"};  // parts 1, 2, 3
 // target at start-up, so a new path option cannot escape the folder unnoticed.
 const std::set<std::string> path_options{"--weights",     "--input",      "--output",       "--grad-output",
                                          "--grad-input", "--grad-weights", "--model", "--tokens"};
-const std::set<std::string> text_options{"--module", "--dtype", "--policy"};
+const std::set<std::string> text_options{"--module",       "--dtype",  "--policy",
+                                         "--bf16-product", "--matmul", "--cuda-attention"};
 
 bool verbose() {
   static const bool on = [] {
