@@ -226,7 +226,7 @@ def wait_quiet(budget=3600):
         return "unchecked"
     start, calm = time.time(), 0
     while calm < 3 and time.time() - start < budget:
-        busy = subprocess.run("pgrep -c cc1plus; pgrep -f 'ninja|ctest'", shell=True, capture_output=True,
+        busy = subprocess.run("pgrep -c cc1plus; pgrep -x 'ninja|ctest'", shell=True, capture_output=True,
                               text=True).stdout.split()
         calm = calm + 1 if busy[:1] == ["0"] and len(busy) == 1 and os.getloadavg()[0] < 1.0 else 0
         if calm < 3:
