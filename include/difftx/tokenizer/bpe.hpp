@@ -202,15 +202,17 @@ class bpe_model {
       symbols.push_back({id, n - 1, -1, true});
       if (n > 0) symbols[static_cast<std::size_t>(n - 1)].next = n;
     };
-    std::optional<token_t> pending_unk;  // an unknown stretch not yet added (fused while fuse_unk)
+    // An unknown stretch not yet added (fused while fuse_unk), -1 for none: a
+    // plain id, since GCC 12 at -O1 takes a std::optional here for maybe-uninitialized.
+    token_t pending_unk = -1;
     for (std::size_t i = 0; i < word.size();) {
       const auto length = utf8::char_length(word[i]);
       const auto character = word.substr(i, length);
       const auto id = character_id(utf8::decode_at(word, i));
       i += length;
       if (id >= 0) {
-        if (pending_unk) add(*pending_unk);
-        pending_unk.reset();
+        if (pending_unk >= 0) add(pending_unk);
+        pending_unk = -1;
         add(id);
         continue;
       }
@@ -222,10 +224,10 @@ class bpe_model {
         continue;
       }
       if (!unk_) continue;  // no unk_token: the character is dropped, as tokenizers drops it
-      if (pending_unk && !fuse_unk_) add(*pending_unk);
+      if (pending_unk >= 0 && !fuse_unk_) add(pending_unk);
       pending_unk = *unk_;
     }
-    if (pending_unk) add(*pending_unk);
+    if (pending_unk >= 0) add(pending_unk);
 
     const auto push = [&](candidate c) {
       queue.push_back(c);
