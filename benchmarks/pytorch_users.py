@@ -285,7 +285,9 @@ def main():
     tokens, step_ms, train_shape = training_steps(max(3, a.repeats // 2))
     train_rows = [[name, fmt(step_ms[name]), f"{tokens[name]:.0f}"] for name in ("transformers", "difftx")]
 
-    reproduce = f"python3 benchmarks/pytorch_users.py --build {a.build} --threads {a.threads} --repeats {a.repeats}"
+    # The page's command names the build as a reader's clone has it, wherever this run's lay.
+    build = os.path.relpath(a.build, ROOT) if os.path.abspath(a.build).startswith(ROOT + os.sep) else "build/release"
+    reproduce = f"python3 benchmarks/pytorch_users.py --build {build} --threads {a.threads} --repeats {a.repeats}"
     shape = f"B = 1, N = {N}, C = {C}, h = {H} differential heads of 2 x {D}, causal"
     result = {
         "question": "PyTorch users: difftx.torch against PyTorch",
