@@ -14,7 +14,8 @@
 # alone is 38 MB unpacked, and a call carries at most 64 MiB), built in build/gpu-pack for sm_90a (the H100 and
 # H200) against the cuDNN frontend, with -march=$DIFFTX_PACK_MARCH (default
 # x86-64-v3: AVX2 and FMA, which any recent x86-64 server has; -march=native
-# would be this machine's CPU, not the GPU machine's), and the shared libraries
+# would be this machine's CPU, not the GPU machine's), cli_test without the
+# sanitizers (the device's checks are compute-sanitizer's), and the shared libraries
 # they need that are neither glibc's nor CUDA's (OpenMP, Google Benchmark,
 # SentencePiece; tools/gpu_check.sh loads them from BUILD/lib). The tests find
 # their data and the tool by the absolute paths they were built with; --unpack
@@ -50,7 +51,8 @@ case ${1:-} in
     "$repo/tools/fetch_cudnn_frontend.sh"
     march=${DIFFTX_PACK_MARCH:-x86-64-v3}
     CUDAARCHS=90a cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIFFTX_NATIVE=OFF \
-      -DCMAKE_CXX_FLAGS="-march=$march" -DDIFFTX_CUDA=ON
+      -DCMAKE_CXX_FLAGS="-march=$march" -DDIFFTX_CUDA=ON \
+      -DDIFFTX_TEST_SANITIZERS=OFF
     grep -q "^DIFFTX_CUDNN_FRONTEND_INCLUDE_DIR:PATH=.*include$" "$build/CMakeCache.txt" || {
       echo "gpu_pack: CMake found no cuDNN frontend; the packed binaries would lack the cuDNN attention" >&2; exit 1; }
     cmake --build "$build" --target "${packed[@]%%:*}"
