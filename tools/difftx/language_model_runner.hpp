@@ -81,7 +81,8 @@ class language_model_runner {
   virtual token_t decode(token_t token) = 0;
   // The memory one decode step reads weights from: every parameter but the
   // embedding table (one row of it is read), which is read whole where it is
-  // also the output head. Empty with int8 weights (read from their own copy).
+  // also the output head; each projection as its products read it (its int8
+  // rows with int8 weights, its decoding panels where it has them).
   virtual std::vector<std::span<const std::byte>> weights_read_per_token() = 0;
   // What the last decode step read of the cache: every layer's stored keys
   // and values (KVCache::stored_regions), its own token's row included.

@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -80,13 +81,24 @@ class model_runner final : public language_model_runner {
     return most_likely();
   }
 
+  // Every parameter but the embedding (a token reads one row of it), each
+  // Linear's weight as its products read it (int8 rows, decoding panels or W),
+  // and a tied head's table.
   std::vector<std::span<const std::byte>> weights_read_per_token() override {
-    if (weights_ == inference_dtype::int8) return {};
-    const bool tied = model_.config().tie_word_embeddings;
+    std::unordered_map<const T*, std::vector<std::span<const std::byte>>> linear_reads;
+    model_.for_each_linear([&](const auto& linear) { linear_reads.emplace(linear.weight_data(), linear.decode_reads()); });
     std::vector<std::span<const std::byte>> read;
-    for (const auto& p : model_.parameters())
-      if (tied || p.name != "embed_tokens.weight")
+    const auto append = [&](const std::vector<std::span<const std::byte>>& regions) {
+      read.insert(read.end(), regions.begin(), regions.end());
+    };
+    for (const auto& p : model_.parameters()) {
+      if (p.name == "embed_tokens.weight")
+        append(model_.tied_head_reads());
+      else if (const auto linear = linear_reads.find(p.value); linear != linear_reads.end())
+        append(linear->second);
+      else
         read.push_back(std::as_bytes(std::span<const T>(p.value, static_cast<std::size_t>(p.size()))));
+    }
     return read;
   }
   std::vector<std::span<const std::byte>> cache_read_per_token() const override {

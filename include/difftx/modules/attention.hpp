@@ -93,6 +93,11 @@ class Attention {
     heads_.add_decoding_panels();
     out_proj_.add_decoding_panels();
   }
+  template <class F>
+  void for_each_linear(F&& f) const {
+    heads_.for_each_linear(f);
+    f(out_proj_);
+  }
   void add_packed_weights() {
     heads_.add_packed_weights();
     out_proj_.add_packed_weights();

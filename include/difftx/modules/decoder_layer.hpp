@@ -190,6 +190,11 @@ class BasicDecoderLayer {
     attn_.add_decoding_panels();
     ffn_.add_decoding_panels();
   }
+  template <class F>
+  void for_each_linear(F&& f) const {
+    attn_.for_each_linear(f);
+    ffn_.for_each_linear(f);
+  }
   // Every projection's weights also packed (modules/linear.hpp).
   void add_packed_weights() {
     attn_.add_packed_weights();

@@ -210,6 +210,19 @@ class LanguageModel {
     layers_.add_decoding_panels();
     if (head_) head_->add_decoding_panels();
   }
+  // f(const Linear&) for every layer's projection and the head (none when tied).
+  template <class F>
+  void for_each_linear(F&& f) const {
+    layers_.for_each_linear(f);
+    if (head_) f(*head_);
+  }
+  // What a decoded token's logits read where the head is tied to the
+  // embedding: its int8 table once quantized, else the table; none untied.
+  std::vector<std::span<const std::byte>> tied_head_reads() const {
+    if (head_) return {};
+    if (tied_int8_) return tied_int8_->regions();
+    return {std::as_bytes(std::span(embed_.table().data(), static_cast<std::size_t>(embed_.table().size())))};
+  }
   // The layers' weights also packed (modules/linear.hpp). Not the head's, the
   // largest weight: prefill asks it for one row a sequence, and a forward
   // over whole sequences (scoring) multiplies it as it lies.

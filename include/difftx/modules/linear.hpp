@@ -27,7 +27,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -156,6 +158,22 @@ class Linear {
   bool weights_quantized() const noexcept { return int8_ != nullptr; }
   // The int8 weights' bytes (values, steps, sums); 0 when not quantized.
   std::size_t int8_bytes() const noexcept { return int8_ ? int8_->bytes() : 0; }
+  // W as parameters() names it.
+  const T* weight_data() const noexcept { return weight_.value.data(); }
+  // The memory a decoding product (at most 4 rows of x) reads for W: the int8
+  // rows where quantized, else the decoding panels where there are some, else
+  // W; decoding's read bound (`difftx bench --model`) streams the same bytes.
+  std::vector<std::span<const std::byte>> decode_reads() const {
+    if (int8_) return int8_->regions();
+    const auto bytes = [](const T* p, index_t n) { return std::as_bytes(std::span(p, static_cast<std::size_t>(n))); };
+    if (panels_) return {bytes(panels_->values.data(), panels_->values.size())};
+    return {bytes(weight_.value.data(), weight_.value.size())};
+  }
+  // f(const Linear&): this one; the composite modules pass it every Linear they hold.
+  template <class F>
+  void for_each_linear(F&& f) const {
+    f(*this);
+  }
   // Decoding panels beside W when x is wide (see above); idempotent, and a
   // no-op for narrow x, user number types and policies without them.
   void add_decoding_panels() {

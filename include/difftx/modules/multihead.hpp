@@ -178,6 +178,10 @@ class MultiHead {
   void add_decoding_panels() {
     for (auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->add_decoding_panels();
   }
+  template <class F>
+  void for_each_linear(F&& f) const {
+    for (const auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) f(*l);
+  }
   void add_packed_weights() {
     for (auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->add_packed_weights();
   }

@@ -148,6 +148,12 @@ class MultiHeadV2 {
     o_proj_.add_decoding_panels();
     if (lambda_proj_) lambda_proj_->add_decoding_panels();
   }
+  template <class F>
+  void for_each_linear(F&& f) const {
+    heads_.for_each_linear(f);
+    f(o_proj_);
+    if (lambda_proj_) f(*lambda_proj_);
+  }
   void add_packed_weights() {
     heads_.add_packed_weights();
     o_proj_.add_packed_weights();

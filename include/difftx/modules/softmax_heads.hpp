@@ -124,6 +124,10 @@ class SoftmaxHeads {
   void add_decoding_panels() {
     for (auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->add_decoding_panels();
   }
+  template <class F>
+  void for_each_linear(F&& f) const {
+    for (const auto* l : {&q_proj_, &k_proj_, &v_proj_}) f(*l);
+  }
   void add_packed_weights() {
     for (auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->add_packed_weights();
   }

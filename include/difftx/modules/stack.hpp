@@ -123,6 +123,10 @@ class Stack {
   void add_decoding_panels() {
     for (auto& layer : layers_) layer.add_decoding_panels();
   }
+  template <class F>
+  void for_each_linear(F&& f) const {
+    for (const auto& layer : layers_) layer.for_each_linear(f);
+  }
   void add_packed_weights() {
     for (auto& layer : layers_) layer.add_packed_weights();
   }

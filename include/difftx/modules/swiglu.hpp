@@ -106,6 +106,10 @@ class SwiGLU {
   void add_decoding_panels() {
     for (auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->add_decoding_panels();
   }
+  template <class F>
+  void for_each_linear(F&& f) const {
+    for (const auto* l : {&gate_proj_, &up_proj_, &down_proj_}) f(*l);
+  }
   // Every projection's weights also packed (modules/linear.hpp).
   void add_packed_weights() {
     for (auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->add_packed_weights();

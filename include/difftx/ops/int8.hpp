@@ -13,8 +13,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -112,6 +114,11 @@ struct int8_rows {
   }
   std::size_t bytes() const noexcept {
     return static_cast<std::size_t>(values.size()) + steps.size() * sizeof(A) + sums.size() * sizeof(std::int32_t);
+  }
+  // The memory a product reads: the values, steps and sums.
+  std::vector<std::span<const std::byte>> regions() const {
+    return {std::as_bytes(std::span(values.data(), static_cast<std::size_t>(values.size()))),
+            std::as_bytes(std::span(steps)), std::as_bytes(std::span(sums))};
   }
 };
 

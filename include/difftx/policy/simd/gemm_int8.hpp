@@ -195,6 +195,8 @@ void int8_products_with(const policy::simd& p, const int8_rows<A>& a, const int8
         std::int32_t* out = sums.data() + j;
         if (rows == R && j + 4 <= n) {
           Kernel::template dots<R, 4>(kp, ar, kp, br, kp, out, n);
+        } else if (j + 4 <= n) {  // fewer rows of a than the kernel's (decoding): each against 4 rows of b
+          for (index_t r = 0; r < rows; ++r) Kernel::template dots<1, 4>(kp, ar + r * kp, kp, br, kp, out + r * n, n);
         } else {
           for (index_t r = 0; r < rows; ++r)
             for (index_t c = j; c < std::min(n, j + 4); ++c)
