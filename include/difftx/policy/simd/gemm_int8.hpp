@@ -19,7 +19,8 @@
 // Products: int32 sums are exact while K·127² < 2^31 (K <= 133144; Linear
 // checks); vpdpbusd's lanes wrap on the way, which the correction undoes
 // modulo 2^32. Blocking: B in blocks of 64 rows (64 KB at K = 1024, in L2)
-// against every row of A, R rows of A x 4 rows of B per micro-kernel call.
+// against every row of A, R rows of A x 4 rows of B per micro-kernel call;
+// decoding's few rows of A against slices of 16 rows of B (int8_gemv_with).
 #pragma once
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 
 #include "difftx/ops/int8.hpp"
 #include "difftx/policy/simd/common.hpp"
+#include "difftx/policy/simd/gemm_blocks.hpp"
 
 // 1 where the x86 kernels are compiled in (GCC or clang on x86-64, not the
 // MSVC ABI, as DIFFTX_BF16_PAIRS); -DDIFFTX_INT8_DOTS=0 leaves them out.
@@ -168,10 +170,31 @@ void remove_unsigned_offset(std::int32_t* sums, const int8_rows<A>& b, index_t j
                                         128u * static_cast<std::uint32_t>(b.sums[static_cast<std::size_t>(j0 + c)]));
 }
 
+// Decoding's few rows of a (the bytes of a, offset where the kernel says)
+// against slices of b's rows, shared out as the float products' are
+// (for_each_gemv_slice: one forward stream per thread, the slower thread's
+// rest taken from the back), each row of a against 4 rows of b a call.
+template <class Kernel, class A, class Store>
+void int8_gemv_with(const policy::simd& p, const std::int8_t* a_bytes, index_t M, const int8_rows<A>& b, Store&& store) {
+  constexpr index_t slice = 16;
+  const index_t kp = b.padded;
+  for_each_gemv_slice(p, 1, b.rows, slice, [&](index_t, index_t j0, index_t n) {
+    std::int32_t sums[gemv_max_rows * slice];
+    for (index_t i = 0; i < M; ++i) {
+      std::int32_t* row = sums + i * slice;
+      index_t j = 0;
+      for (; j + 4 <= n; j += 4) Kernel::template dots<1, 4>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
+      for (; j < n; ++j) Kernel::template dots<1, 1>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
+      if constexpr (Kernel::offset_a) remove_unsigned_offset(row, b, j0, n);
+      store(i, j0, n, static_cast<const std::int32_t*>(row));
+    }
+  });
+}
+
 // The exact products of every row of a with every row of b (same padding),
 // handed to store(i, j0, n, sums): row i of a against rows j0 .. j0 + n of b.
-// Rows of b in blocks of 64 over the threads; a few rows of a (decoding) in
-// smaller blocks, so that both threads share the weights.
+// Rows of b in blocks of 64 over the threads; a few rows of a (decoding) as
+// int8_gemv_with shares them.
 template <class Kernel, class A, class Store>
 void int8_products_with(const policy::simd& p, const int8_rows<A>& a, const int8_rows<A>& b, Store&& store) {
   constexpr int R = Kernel::rows;
@@ -182,7 +205,8 @@ void int8_products_with(const policy::simd& p, const int8_rows<A>& a, const int8
     offset = offset_to_unsigned(p, a);
     a_bytes = reinterpret_cast<const std::int8_t*>(offset.data());
   }
-  const index_t block = M <= 4 ? std::max<index_t>(4, (N / (4 * thread_count(p)) + 3) / 4 * 4) : 64;
+  if (M <= gemv_max_rows) return int8_gemv_with<Kernel>(p, a_bytes, M, b, store);
+  constexpr index_t block = 64;
   const index_t blocks = (N + block - 1) / block;
 #pragma omp parallel for num_threads(thread_count(p)) schedule(dynamic, 1) if (blocks > 1)
   for (index_t jb = 0; jb < blocks; ++jb) {
@@ -195,8 +219,6 @@ void int8_products_with(const policy::simd& p, const int8_rows<A>& a, const int8
         std::int32_t* out = sums.data() + j;
         if (rows == R && j + 4 <= n) {
           Kernel::template dots<R, 4>(kp, ar, kp, br, kp, out, n);
-        } else if (j + 4 <= n) {  // fewer rows of a than the kernel's (decoding): each against 4 rows of b
-          for (index_t r = 0; r < rows; ++r) Kernel::template dots<1, 4>(kp, ar + r * kp, kp, br, kp, out + r * n, n);
         } else {
           for (index_t r = 0; r < rows; ++r)
             for (index_t c = j; c < std::min(n, j + 4); ++c)
