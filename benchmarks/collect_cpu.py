@@ -222,21 +222,27 @@ def linear(raw, threads):
 def checkpoint(raw, threads):
     rows, prefill_x, decode_x = [], [], []
     model_line = ""
-    for t in ("float32", "bfloat16"):
-        d = read_json_lines(os.path.join(raw, f"difftx.{t}.json"))
+    for t in ("float32", "bfloat16", "int8"):
+        path = os.path.join(raw, f"difftx.{t}.json")
+        if t == "int8" and not os.path.exists(path):
+            continue
+        d = read_json_lines(path)
         peer_path = os.path.join(raw, f"peer.{t}.txt")
         p = read_json_lines(peer_path) if os.path.exists(peer_path) else None
         p_prefill = p["prompt_tokens"] / p["prefill_ms"] * 1e3 if p else None
         p_decode = p["decode_tokens_per_s"] if p else None
         prefill_x.append(d["prefill_tokens_per_s"] / p_prefill if p else None)
         decode_x.append(d["decode_tokens_per_s"] / p_decode if p else None)
-        rows.append([t, f"{d['prefill_tokens_per_s']:.0f}", f"{p_prefill:.0f}" if p else "not run",
-                     f"{d['decode_tokens_per_s']:.1f}", f"{p_decode:.1f}" if p else "not run",
+        none = "no int8 weights" if t == "int8" else "not run"
+        rows.append(["float32, int8 weights" if t == "int8" else t, f"{d['prefill_tokens_per_s']:.0f}",
+                     f"{p_prefill:.0f}" if p else none,
+                     f"{d['decode_tokens_per_s']:.1f}", f"{p_decode:.1f}" if p else none,
                      ratio(d["decode_tokens_per_s"], p_decode) if p else "n/a",
                      f"{d['decode_share_of_bound']:.0%}" if "decode_share_of_bound" in d else "n/a"])
         if p and not model_line:
             model_line = f"{p['parameters'] / 1e6:.0f}M parameters; transformers {p['transformers']}, torch {p['torch']}"
-    cmds = commands(raw, "make", "difftx.float32.json", "peer.float32.txt", "difftx.bfloat16.json", "peer.bfloat16.txt")
+    cmds = commands(raw, "make", "difftx.float32.json", "peer.float32.txt", "difftx.bfloat16.json", "peer.bfloat16.txt",
+                    "difftx.int8.json")
     f32 = read_json_lines(os.path.join(raw, "difftx.float32.json"))
     prompt, new = f32["prompt_tokens"], f32["new_tokens"]
     tables = [table(f"A random DiffLlama folder shaped like a 375M Llama-3 model (C 1024, 16 layers, 16 heads "

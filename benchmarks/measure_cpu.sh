@@ -144,7 +144,10 @@ measure() {  # question: its commands, outputs under $work/<question>
           run "$o/peer.$t.txt" "$PYTHON" benchmarks/peer_transformers_generate.py --model "$ckpt" --dtype "$t" \
             --threads "$THREADS" --prompt-tokens 512 --new-tokens 32 --repeats 3
         fi
-      done ;;
+      done
+      # int8 weights (no transformers peer on the CPU): the decode's share of its read bound
+      run "$o/difftx.int8.json" "$difftx" bench --model "$ckpt" --seq 512 --new-tokens 32 --repeats 3 --dtype float32 \
+        --weights-dtype int8 --threads "$THREADS" --json ;;
     generation)  # the sampler chain at V = 128256; 8 prompts at once against one at a time, and transformers'
       big_checkpoint "$1" || return 1
       wait_quiet
