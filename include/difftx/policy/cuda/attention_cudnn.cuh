@@ -38,8 +38,8 @@
 // state serves the other.
 //
 // Graphs are built once per shape and kept in the policy's context with the
-// workspace size they need (plan_cache.hpp); attention_cudnn_graph.cuh
-// builds them. This file runs them: the packed batch's lengths and offsets,
+// workspace size they need (plan_cache.hpp); attention_cudnn_graph.hpp
+// declares them, and attention_cudnn_graph_build.hpp builds and runs them. This file runs them: the packed batch's lengths and offsets,
 // the statistics' copies, and the forward and backward of both maps.
 // Compiled only where CMake found cuDNN and the frontend (DIFFTX_CUDNN,
 // target difftx::cudnn).
@@ -54,7 +54,7 @@
 #include <unordered_map>
 
 #include "difftx/core/tensor.hpp"
-#include "difftx/policy/cuda/attention_cudnn_graph.cuh"
+#include "difftx/policy/cuda/attention_cudnn_graph.hpp"
 #include "difftx/policy/cuda/attention_simt.cuh"
 #include "difftx/policy/cuda/device_types.cuh"
 #include "difftx/policy/cuda/elementwise.cuh"
@@ -116,15 +116,7 @@ inline void run_cudnn_graph(const policy::cuda& p, const cudnn_attention_graph& 
                      {o_offsets_uid, ragged->offsets_of(ragged_o)},
                      {stats_offsets_uid, ragged->offsets_of(ragged_stats)}});
   }
-  const auto bytes = static_cast<std::size_t>(built.workspace_bytes);
-  void* workspace = bytes > 0 ? p.memory().allocate(bytes) : nullptr;  // stream-ordered: freed behind the call
-  try {
-    DIFFTX_CUDA_CHECK(built.graph->execute(cudnn_state(p).handle, pointers, workspace));
-  } catch (...) {
-    if (workspace) p.memory().deallocate(workspace, bytes);
-    throw;
-  }
-  if (workspace) p.memory().deallocate(workspace, bytes);
+  run_cudnn_graph(p, built, pointers);
 }
 
 // s: the call's shape (for a packed batch, the whole batch as one sequence:
@@ -173,7 +165,7 @@ cudnn_call prepare_cudnn_call(const policy::cuda& p, const attention_shape& s, i
   cudnn_call call;
   if (!cu_seqlens.empty()) call.ragged = cudnn_ragged_sizes(cu_seqlens);
   call.graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, maps, backward, call.ragged_batch()));
-  if (call.graph->graph && call.ragged) write_ragged_batch(p, s, maps, cu_seqlens, *call.ragged);
+  if (cudnn_took(*call.graph) && call.ragged) write_ragged_batch(p, s, maps, cu_seqlens, *call.ragged);
   return call;
 }
 
@@ -207,7 +199,7 @@ bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, se
                              const T* k, const T* v, const accum_t<T>* lambda, T* o, T* o2, accum_t<T>* lse) {
   using A = accum_t<T>;
   auto call = prepare_cudnn_call<T>(p, s, Maps, false, cu_seqlens);
-  if (!call.graph->graph) return false;
+  if (!cudnn_took(*call.graph)) return false;
   const auto& graph = call.graph;
   cudnn_ragged_batch* ragged = call.ragged_batch();
   const long long rows = static_cast<long long>(s.B) * s.N * s.H, map_stride = stats_map_stride(rows);
@@ -286,7 +278,7 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, s
   using DT = device_t<T>;
   using A = accum_t<T>;
   auto call = prepare_cudnn_call<T>(p, s, Maps, true, cu_seqlens);
-  if (!call.graph->graph) return false;
+  if (!cudnn_took(*call.graph)) return false;
   const auto& graph = call.graph;
   cudnn_ragged_batch* ragged = call.ragged_batch();
   const long long rows = static_cast<long long>(s.B) * s.N * s.H, n = rows * s.dv, map_stride = stats_map_stride(rows);

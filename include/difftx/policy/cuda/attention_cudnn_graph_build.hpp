@@ -1,30 +1,33 @@
-// cuDNN's side of policy::cuda's cuDNN attention (attention_cudnn.cuh): the
-// handle, the key a graph is kept by, and the graphs themselves, built as
-// cudnn-frontend's SDPA samples build theirs. One graph computes one map of
-// a differential head (the file's header comment in attention_cudnn.cuh has
-// the views): a forward builder (declare_attention_forward) and a backward
-// one (declare_attention_backward) over the same tensor declarations
-// (cudnn_attention_layouts: Q, K, V, O and the statistics with their
-// strides, dense or ragged; declare_attention_inputs) and one padding mask
-// (cudnn_graph_builder::padding_mask). Compiled only where CMake found cuDNN
-// and the frontend (DIFFTX_CUDNN, target difftx::cudnn).
+// cuDNN's side of policy::cuda's cuDNN attention: the handle, and the graphs
+// themselves, built as cudnn-frontend's SDPA samples build theirs, behind the
+// three functions attention_cudnn_graph.hpp declares. One graph computes one
+// map of a differential head (the file's header comment in
+// attention_cudnn.cuh has the views): a forward builder
+// (declare_attention_forward) and a backward one (declare_attention_backward)
+// over the same tensor declarations (cudnn_attention_layouts: Q, K, V, O and
+// the statistics with their strides, dense or ragged;
+// declare_attention_inputs) and one padding mask
+// (cudnn_graph_builder::padding_mask). Host code only: a C++ compiler builds
+// it. Compiled only where CMake found cuDNN and the frontend (DIFFTX_CUDNN,
+// target difftx::cudnn).
 #pragma once
 
 #if defined(DIFFTX_CUDNN)
 
 #include <cmath>
-#include <compare>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include "difftx/policy/cuda/attention_cudnn_graph.hpp"
 #include "difftx/policy/cuda/context.cuh"
-#include "difftx/policy/cuda/device_types.cuh"
 #include "difftx/policy/cuda/plan_cache.hpp"
 #include "difftx/policy/cuda/ragged_layout.hpp"
 #include "difftx/policy/cuda/tag.cuh"
@@ -50,25 +53,11 @@ inline bool refused(fe::error_t status) {
          code == fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED;
 }
 
-// One attention problem as cuDNN sees it: a graph's key.
-struct cudnn_attention_key {
-  bool bfloat16 = false, causal = false, backward = false, ragged = false;
-  std::int64_t B = 0, N = 0, H = 0, G = 0, maps = 0, d = 0, dv = 0;
-  std::int64_t token_capacity = 0;  // ragged: B sequences padded to N, at most this many tokens in all
-  auto operator<=>(const cudnn_attention_key&) const = default;
-};
-
 // A built graph, or none where cuDNN refused the shape (kept too, so that it
 // is asked once).
 struct cudnn_attention_graph {
   std::shared_ptr<fe::graph::Graph> graph;
   std::int64_t workspace_bytes = 0;
-};
-
-// The tensors' ids in a graph's variant pack.
-enum cudnn_uid : std::int64_t {
-  q_uid = 1, k_uid, v_uid, o_uid, stats_uid, d_o_uid, dq_uid, dk_uid, dv_uid,
-  seq_len_q_uid, seq_len_kv_uid, q_offsets_uid, k_offsets_uid, v_offsets_uid, o_offsets_uid, stats_offsets_uid
 };
 
 // The cuDNN handle (on the policy's stream) and the graphs built so far, one
@@ -229,10 +218,8 @@ inline void declare_attention_backward(cudnn_graph_builder& g) {
   g.output(dv, dv_uid, g.layout.v, ragged_v);
 }
 
-// The key's graph, built on first use and kept (with its workspace size), or
-// kept as refused where cuDNN has no engine for it.
-inline std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(const policy::cuda& p,
-                                                                              const cudnn_attention_key& key) {
+DIFFTX_CUDNN_GRAPH_API std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(
+    const policy::cuda& p, const cudnn_attention_key& key) {
   cudnn_attention_state& state = cudnn_state(p);
   return state.graphs.get(key, [&] {
     cudnn_graph_builder g(key);
@@ -248,6 +235,21 @@ inline std::shared_ptr<const cudnn_attention_graph> cudnn_attention_graph_for(co
     }
     return std::shared_ptr<const cudnn_attention_graph>(std::move(built));
   });
+}
+
+DIFFTX_CUDNN_GRAPH_API bool cudnn_took(const cudnn_attention_graph& built) { return built.graph != nullptr; }
+
+DIFFTX_CUDNN_GRAPH_API void run_cudnn_graph(const policy::cuda& p, const cudnn_attention_graph& built,
+                                            std::unordered_map<std::int64_t, void*>& pointers) {
+  const auto bytes = static_cast<std::size_t>(built.workspace_bytes);
+  void* workspace = bytes > 0 ? p.memory().allocate(bytes) : nullptr;  // stream-ordered: freed behind the call
+  try {
+    DIFFTX_CUDA_CHECK(built.graph->execute(cudnn_state(p).handle, pointers, workspace));
+  } catch (...) {
+    if (workspace) p.memory().deallocate(workspace, bytes);
+    throw;
+  }
+  if (workspace) p.memory().deallocate(workspace, bytes);
 }
 
 }  // namespace difftx::cuda_detail
