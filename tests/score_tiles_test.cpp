@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <difftx/difftx.hpp>
@@ -274,40 +275,45 @@ index_t beyond_one_step(const Tensor_& a, const Tensor_& b, double bar) {
   return count;
 }
 
+using named_tile_kernels = std::vector<std::pair<std::string, simd_detail::bf16_score_tile_fn>>;
+
 template <int Maps>
-void check_bf16_backward(const std::string& name, simd_detail::bf16_score_tile_fn kernel) {
+void check_bf16_backward(const named_tile_kernels& kernels) {
   // As check_bf16_scores, with dv = d and 2d (7: an odd width, a zero pair
   // lane); 2 threads take whole (batch row, group) pairs, 3 share each pair's
-  // key blocks.
+  // key blocks. The float products' gradients, made once a shape, against
+  // each kernel's.
   for (auto [N, M, causal, d] :
        {std::tuple<index_t, index_t, bool, index_t>{1, 1, true, 64}, {70, 70, true, 64}, {70, 70, false, 40},
         {150, 150, true, 6}, {9, 9, false, 7}, {70, 150, true, 64}, {130, 65, false, 40}})
     for (index_t dv : {d, 2 * d})
       for (int threads : {2, 3}) {
-        INFO(name << ", Maps = " << Maps << ", N = " << N << ", M = " << M << ", "
-                  << std::string(causal ? "causal" : "non-causal") << ", d = " << d << ", dv = " << dv << ", "
-                  << threads << " threads");
-        const auto pairs = bf16_backward<Maps>(N, M, d, dv, causal, threads, kernel);
         const auto floats = bf16_backward<Maps>(N, M, d, dv, causal, threads, nullptr);
-        // S and dP differ from the float products only in the order of float
-        // sums (each bfloat16 product is exact in float), so the float
-        // gradients differ within float's backward bar, and rounding them to
-        // bfloat16 to store them may flip a last bit: one bfloat16 step.
-        constexpr double bar = testing::tolerance<float>::backward;
-        CHECK(beyond_one_step(pairs.dq, floats.dq, bar) == 0);
-        CHECK(beyond_one_step(pairs.dk, floats.dk, bar) == 0);
-        CHECK(beyond_one_step(pairs.dv, floats.dv, bar) == 0);
-        // dλ = -Σ rowsum(dO ⊙ O₂) reads neither product; only the order in
-        // which the threads' partial sums meet may differ.
-        CHECK(std::abs(pairs.dlambda - floats.dlambda) <= bar * std::abs(floats.dlambda));
+        for (const auto& [name, kernel] : kernels) {
+          INFO(name << ", Maps = " << Maps << ", N = " << N << ", M = " << M << ", "
+                    << std::string(causal ? "causal" : "non-causal") << ", d = " << d << ", dv = " << dv << ", "
+                    << threads << " threads");
+          const auto pairs = bf16_backward<Maps>(N, M, d, dv, causal, threads, kernel);
+          // S and dP differ from the float products only in the order of float
+          // sums (each bfloat16 product is exact in float), so the float
+          // gradients differ within float's backward bar, and rounding them to
+          // bfloat16 to store them may flip a last bit: one bfloat16 step.
+          constexpr double bar = testing::tolerance<float>::backward;
+          CHECK(beyond_one_step(pairs.dq, floats.dq, bar) == 0);
+          CHECK(beyond_one_step(pairs.dk, floats.dk, bar) == 0);
+          CHECK(beyond_one_step(pairs.dv, floats.dv, bar) == 0);
+          // dλ = -Σ rowsum(dO ⊙ O₂) reads neither product; only the order in
+          // which the threads' partial sums meet may differ.
+          CHECK(std::abs(pairs.dlambda - floats.dlambda) <= bar * std::abs(floats.dlambda));
+        }
       }
 }
 
 }  // namespace
 
 TEST_CASE("score tiles: bfloat16 attention's backward on tdpbf16ps and vdpbf16ps matches the float products'") {
-  std::vector<std::pair<std::string, simd_detail::bf16_score_tile_fn>> kernels{
-      {"modelled tdpbf16ps", test_support::modelled_amx_bf16_score_tile}, {"modelled vdpbf16ps", modelled_pairs_score_tile}};
+  named_tile_kernels kernels{{"modelled tdpbf16ps", test_support::modelled_amx_bf16_score_tile},
+                             {"modelled vdpbf16ps", modelled_pairs_score_tile}};
   if (const auto kernel = simd_detail::bf16_score_tile(true, false))
     kernels.emplace_back("tdpbf16ps", kernel);
   else
@@ -316,8 +322,6 @@ TEST_CASE("score tiles: bfloat16 attention's backward on tdpbf16ps and vdpbf16ps
     kernels.emplace_back("vdpbf16ps", kernel);
   else
     MESSAGE("this CPU has no AVX512_BF16: the backward's vdpbf16ps tiles ran on the model only");
-  for (const auto& [name, kernel] : kernels) {
-    check_bf16_backward<1>(name, kernel);
-    check_bf16_backward<2>(name, kernel);
-  }
+  check_bf16_backward<1>(kernels);
+  check_bf16_backward<2>(kernels);
 }
