@@ -15,6 +15,7 @@
 #include "difftx/modules/diff_attn.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/linear.hpp"
+#include "difftx/modules/linear_weight_forms.hpp"
 #include "difftx/modules/sequences.hpp"
 #include "difftx/modules/softmax_heads.hpp"
 
@@ -26,7 +27,7 @@ using AttentionConfig = AttentionHeadsConfig;
 
 template <Scalar T, index_t HeadDim, class Policy = policy::reference>
   requires supported_by<Policy, T>
-class Attention {
+class Attention : public detail::linear_weight_forms<Attention<T, HeadDim, Policy>> {
   static_assert(valid_head_dim<HeadDim>,
                 "difftx: the head size D must be positive and even (interleaved RoPE pairs), or difftx::dynamic");
   using linear_type = Linear<T, Policy>;
@@ -83,24 +84,6 @@ class Attention {
   void require_trainable(std::string_view where) const {
     heads_.require_trainable(where);
     out_proj_.require_trainable(where);
-  }
-  // Inference with int8 weights (modules/linear.hpp): the four projections.
-  void quantize_weights() {
-    heads_.quantize_weights();
-    out_proj_.quantize_weights();
-  }
-  void add_decoding_panels() {
-    heads_.add_decoding_panels();
-    out_proj_.add_decoding_panels();
-  }
-  template <class F>
-  void for_each_linear(F&& f) const {
-    heads_.for_each_linear(f);
-    f(out_proj_);
-  }
-  void add_packed_weights() {
-    heads_.add_packed_weights();
-    out_proj_.add_packed_weights();
   }
 
   // Inference with a KV cache (modules/kv_cache.hpp): as MultiHead's.
@@ -160,6 +143,13 @@ class Attention {
   }
 
  private:
+  friend detail::linear_weight_forms<Attention>;
+  // The four projections, for linear_weight_forms (int8 weights, panels, packed copies).
+  template <class Self, class F>
+  static void visit_linears(Self& self, F& f) {
+    self.heads_.for_each_linear(f);
+    f(self.out_proj_);
+  }
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
                    sequence_offsets sequences) const {
     detail::check_token_call(where, x, y, sequences, config_.d_model, policy_.memory().space());

@@ -19,6 +19,7 @@
 
 #include "difftx/modules/architecture.hpp"
 #include "difftx/modules/attention.hpp"
+#include "difftx/modules/linear_weight_forms.hpp"
 #include "difftx/modules/multihead.hpp"
 #include "difftx/modules/multihead_v2.hpp"
 #include "difftx/modules/rmsnorm.hpp"
@@ -48,7 +49,7 @@ void describe_architecture(architecture& a, const std::string& prefix, const Bas
 
 // Ffn defaults to SwiGLU; parallel/tensor_parallel.hpp gives both parts split over ranks.
 template <class Attn, class Ffn = SwiGLU<typename Attn::value_type, typename Attn::policy_type>>
-class BasicDecoderLayer {
+class BasicDecoderLayer : public detail::linear_weight_forms<BasicDecoderLayer<Attn, Ffn>> {
  public:
   using value_type = typename Attn::value_type;
   using policy_type = typename Attn::policy_type;
@@ -180,26 +181,6 @@ class BasicDecoderLayer {
     detail::require_trainable(attn_, where);
     detail::require_trainable(ffn_, where);
   }
-  // Inference with int8 weights (modules/linear.hpp): the attention's projections and the FFN's.
-  void quantize_weights() {
-    attn_.quantize_weights();
-    ffn_.quantize_weights();
-  }
-  // Decoding panels beside each wide weight (modules/linear.hpp): the attention's and the FFN's.
-  void add_decoding_panels() {
-    attn_.add_decoding_panels();
-    ffn_.add_decoding_panels();
-  }
-  template <class F>
-  void for_each_linear(F&& f) const {
-    attn_.for_each_linear(f);
-    ffn_.for_each_linear(f);
-  }
-  // Every projection's weights also packed (modules/linear.hpp).
-  void add_packed_weights() {
-    attn_.add_packed_weights();
-    ffn_.add_packed_weights();
-  }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
     std::vector<parameter_ref<T>> all;
@@ -221,6 +202,14 @@ class BasicDecoderLayer {
   }
 
  private:
+  friend detail::linear_weight_forms<BasicDecoderLayer>;
+  // The attention's projections and the FFN's, for linear_weight_forms (int8
+  // weights, panels, packed copies).
+  template <class Self, class F>
+  static void visit_linears(Self& self, F& f) {
+    self.attn_.for_each_linear(f);
+    self.ffn_.for_each_linear(f);
+  }
   // The layer's forward with attend(attn_in, y) as its attention, two buffers of scratch.
   template <class Attend>
   void infer(std::string_view where, cview<T, 3> x, TensorView<T, 3> out, Attend&& attend) const {

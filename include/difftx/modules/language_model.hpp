@@ -22,6 +22,7 @@
 #include "difftx/modules/architecture.hpp"
 #include "difftx/modules/embedding.hpp"
 #include "difftx/modules/linear.hpp"
+#include "difftx/modules/linear_weight_forms.hpp"
 #include "difftx/modules/parameter.hpp"
 #include "difftx/modules/rmsnorm.hpp"
 #include "difftx/modules/sequences.hpp"
@@ -49,7 +50,7 @@ void describe_architecture(architecture& a, const std::string& prefix, const Lan
 }
 
 template <class Layer>
-class LanguageModel {
+class LanguageModel : public detail::linear_weight_forms<LanguageModel<Layer>> {
  public:
   using value_type = typename Layer::value_type;
   using policy_type = typename Layer::policy_type;
@@ -197,24 +198,10 @@ class LanguageModel {
   // projections and the LM head (the embedding is a lookup: it stays; a head
   // tied to it gets an int8 copy of the table).
   void quantize_weights() {
-    layers_.quantize_weights();
-    if (head_)
-      head_->quantize_weights();
-    else
+    detail::linear_weight_forms<LanguageModel>::quantize_weights();
+    if (!head_)
       tied_int8_ = detail::int8_weights<Policy>("LanguageModel::quantize_weights", embed_.table().data(),
                                                 config_.vocab_size, config_.d_model);
-  }
-  // Decoding panels beside each wide weight (modules/linear.hpp): the layers' and an
-  // untied head's (a head tied to the embedding reads the table as it is).
-  void add_decoding_panels() {
-    layers_.add_decoding_panels();
-    if (head_) head_->add_decoding_panels();
-  }
-  // f(const Linear&) for every layer's projection and the head (none when tied).
-  template <class F>
-  void for_each_linear(F&& f) const {
-    layers_.for_each_linear(f);
-    if (head_) f(*head_);
   }
   // What a decoded token's logits read where the head is tied to the
   // embedding: its int8 table once quantized, else the table; none untied.
@@ -235,6 +222,15 @@ class LanguageModel {
   }
 
  private:
+  friend detail::linear_weight_forms<LanguageModel>;
+  // Every layer's projection and the head (none when tied), for
+  // linear_weight_forms: decoding panels beside them (a head tied to the
+  // embedding reads the table as it is), and int8 weights.
+  template <class Self, class F>
+  static void visit_linears(Self& self, F& f) {
+    self.layers_.for_each_linear(f);
+    if (self.head_) f(*self.head_);
+  }
   void check_tokens(std::string_view where, cview<token_t, 2> tokens, sequence_offsets sequences) const {
     require_nonempty(where, "tokens", tokens);
     if (!sequences.empty()) detail::check_sequence_offsets(where, "tokens", tokens, sequences);

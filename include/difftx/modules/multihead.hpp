@@ -15,9 +15,10 @@
 #include "difftx/modules/attention_heads.hpp"
 #include "difftx/modules/diff_attn.hpp"
 #include "difftx/modules/kv_cache.hpp"
-#include "difftx/modules/sequences.hpp"
 #include "difftx/modules/linear.hpp"
+#include "difftx/modules/linear_weight_forms.hpp"
 #include "difftx/modules/rmsnorm.hpp"
+#include "difftx/modules/sequences.hpp"
 #include "difftx/ops/rope.hpp"
 
 namespace difftx {
@@ -47,7 +48,7 @@ inline void describe_architecture(architecture& a, const std::string& prefix, co
 
 template <Scalar T, index_t HeadDim, class Policy = policy::reference>
   requires supported_by<Policy, T>
-class MultiHead {
+class MultiHead : public detail::linear_weight_forms<MultiHead<T, HeadDim, Policy>> {
   static_assert(valid_head_dim<HeadDim>,
                 "difftx: the half head size D must be positive and even (interleaved RoPE pairs), or difftx::dynamic");
   using linear_type = Linear<T, Policy>;
@@ -171,20 +172,6 @@ class MultiHead {
     attn_.require_trainable(where);
     for (const auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->require_trainable(where);
   }
-  // Inference with int8 weights (modules/linear.hpp): the four projections.
-  void quantize_weights() {
-    for (auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->quantize_weights();
-  }
-  void add_decoding_panels() {
-    for (auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->add_decoding_panels();
-  }
-  template <class F>
-  void for_each_linear(F&& f) const {
-    for (const auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) f(*l);
-  }
-  void add_packed_weights() {
-    for (auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->add_packed_weights();
-  }
 
   // Inference with a KV cache (modules/kv_cache.hpp). A cache for `batch`
   // sequences of up to `capacity` tokens, in the policy's memory:
@@ -266,6 +253,12 @@ class MultiHead {
   }
 
  private:
+  friend detail::linear_weight_forms<MultiHead>;
+  // The four projections, for linear_weight_forms (int8 weights, panels, packed copies).
+  template <class Self, class F>
+  static void visit_linears(Self& self, F& f) {
+    for (auto* l : {&self.q_proj_, &self.k_proj_, &self.v_proj_, &self.out_proj_}) f(*l);
+  }
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
                    sequence_offsets sequences) const {
     detail::check_token_call(where, x, y, sequences, config_.d_model, policy_.memory().space());

@@ -23,6 +23,7 @@
 #include "difftx/modules/attention_heads.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/linear.hpp"
+#include "difftx/modules/linear_weight_forms.hpp"
 #include "difftx/modules/sequences.hpp"
 #include "difftx/modules/softmax_heads.hpp"
 #include "difftx/ops/diff_heads.hpp"
@@ -52,7 +53,7 @@ inline void describe_architecture(architecture& a, const std::string& prefix, co
 
 template <Scalar T, index_t HeadDim, class Policy = policy::reference>
   requires supported_by<Policy, T>
-class MultiHeadV2 {
+class MultiHeadV2 : public detail::linear_weight_forms<MultiHeadV2<T, HeadDim, Policy>> {
   static_assert(valid_head_dim<HeadDim>,
                 "difftx: the head size D must be positive and even (interleaved RoPE pairs), or difftx::dynamic");
   using linear_type = Linear<T, Policy>;
@@ -137,28 +138,6 @@ class MultiHeadV2 {
     o_proj_.require_trainable(where);
     if (lambda_proj_) lambda_proj_->require_trainable(where);
   }
-  // Inference with int8 weights (modules/linear.hpp): every projection, lambda_proj's too.
-  void quantize_weights() {
-    heads_.quantize_weights();
-    o_proj_.quantize_weights();
-    if (lambda_proj_) lambda_proj_->quantize_weights();
-  }
-  void add_decoding_panels() {
-    heads_.add_decoding_panels();
-    o_proj_.add_decoding_panels();
-    if (lambda_proj_) lambda_proj_->add_decoding_panels();
-  }
-  template <class F>
-  void for_each_linear(F&& f) const {
-    heads_.for_each_linear(f);
-    f(o_proj_);
-    if (lambda_proj_) f(*lambda_proj_);
-  }
-  void add_packed_weights() {
-    heads_.add_packed_weights();
-    o_proj_.add_packed_weights();
-    if (lambda_proj_) lambda_proj_->add_packed_weights();
-  }
 
   // Inference with a KV cache (modules/kv_cache.hpp): the cache of a standard
   // transformer with g key/value heads of D, whatever h is.
@@ -226,6 +205,15 @@ class MultiHeadV2 {
   }
 
  private:
+  friend detail::linear_weight_forms<MultiHeadV2>;
+  // Every projection, lambda_proj's too, for linear_weight_forms (int8
+  // weights, panels, packed copies).
+  template <class Self, class F>
+  static void visit_linears(Self& self, F& f) {
+    self.heads_.for_each_linear(f);
+    f(self.o_proj_);
+    if (self.lambda_proj_) f(*self.lambda_proj_);
+  }
   void check_input(std::string_view where, const cview<T, 3>& x, const TensorView<T, 3>& y,
                    sequence_offsets sequences) const {
     detail::check_token_call(where, x, y, sequences, config_.d_model, policy_.memory().space());

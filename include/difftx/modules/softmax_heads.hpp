@@ -14,6 +14,7 @@
 #include "difftx/modules/attention_heads.hpp"
 #include "difftx/modules/kv_cache.hpp"
 #include "difftx/modules/linear.hpp"
+#include "difftx/modules/linear_weight_forms.hpp"
 #include "difftx/modules/sequences.hpp"
 #include "difftx/ops/attention.hpp"
 #include "difftx/ops/attention_decode.hpp"
@@ -23,7 +24,7 @@
 namespace difftx::detail {
 
 template <Scalar T, class Policy>
-class SoftmaxHeads {
+class SoftmaxHeads : public detail::linear_weight_forms<SoftmaxHeads<T, Policy>> {
   using linear_type = Linear<T, Policy>;
 
  public:
@@ -118,19 +119,6 @@ class SoftmaxHeads {
             "same (a backward needs the unquantized queries and keys; int8 is for inference)", "int8");
     for (const auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->require_trainable(where);
   }
-  void quantize_weights() {
-    for (auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->quantize_weights();
-  }
-  void add_decoding_panels() {
-    for (auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->add_decoding_panels();
-  }
-  template <class F>
-  void for_each_linear(F&& f) const {
-    for (const auto* l : {&q_proj_, &k_proj_, &v_proj_}) f(*l);
-  }
-  void add_packed_weights() {
-    for (auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->add_packed_weights();
-  }
 
   // After forward(x, s, sequences) on the prompts: the cache restarts with their keys and values.
   void fill(const saved_type& s, KVCache<T>& cache, sequence_offsets sequences) const {
@@ -175,6 +163,12 @@ class SoftmaxHeads {
   }
 
  private:
+  friend detail::linear_weight_forms<SoftmaxHeads>;
+  // The projections, for linear_weight_forms (int8 weights, panels, packed copies).
+  template <class Self, class F>
+  static void visit_linears(Self& self, F& f) {
+    for (auto* l : {&self.q_proj_, &self.k_proj_, &self.v_proj_}) f(*l);
+  }
   // x [B, N, C] -> s.q, s.k, s.v (not yet rotated); s.o sized
   void project(cview<T, 3> x, saved_type& s) const {
     const index_t B = x.extent(0), N = x.extent(1), H = config_.heads, G = config_.kv_heads, D = config_.head_dim;

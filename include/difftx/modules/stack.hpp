@@ -9,13 +9,14 @@
 #include "difftx/core/checks.hpp"
 #include "difftx/modules/architecture.hpp"
 #include "difftx/modules/kv_cache.hpp"
+#include "difftx/modules/linear_weight_forms.hpp"
 #include "difftx/modules/parameter.hpp"
 #include "difftx/modules/sequences.hpp"
 
 namespace difftx {
 
 template <class Module>
-class Stack {
+class Stack : public detail::linear_weight_forms<Stack<Module>> {
  public:
   using value_type = typename Module::value_type;
   using policy_type = typename Module::policy_type;
@@ -116,20 +117,6 @@ class Stack {
   void require_trainable(std::string_view where) const {
     for (const auto& layer : layers_) detail::require_trainable(layer, where);
   }
-  // Inference with int8 weights (modules/linear.hpp): every layer's projections.
-  void quantize_weights() {
-    for (auto& layer : layers_) layer.quantize_weights();
-  }
-  void add_decoding_panels() {
-    for (auto& layer : layers_) layer.add_decoding_panels();
-  }
-  template <class F>
-  void for_each_linear(F&& f) const {
-    for (const auto& layer : layers_) layer.for_each_linear(f);
-  }
-  void add_packed_weights() {
-    for (auto& layer : layers_) layer.add_packed_weights();
-  }
 
   std::vector<parameter_ref<T>> parameters(const std::string& prefix = "") {
     std::vector<parameter_ref<T>> all;
@@ -149,6 +136,12 @@ class Stack {
   }
 
  private:
+  friend detail::linear_weight_forms<Stack>;
+  // Every layer's projections, for linear_weight_forms (int8 weights, panels, packed copies).
+  template <class Self, class F>
+  static void visit_linears(Self& self, F& f) {
+    for (auto& layer : self.layers_) layer.for_each_linear(f);
+  }
   // x -> step(0) -> ... -> step(L - 1) -> out, through two scratch buffers.
   template <class Step>
   void chain(std::string_view where, cview<T, 3> x, TensorView<T, 3> out, Step&& step) const {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "difftx/modules/linear.hpp"
+#include "difftx/modules/linear_weight_forms.hpp"
 #include "difftx/ops/elementwise.hpp"
 #include "difftx/ops/swiglu.hpp"
 
@@ -16,7 +17,7 @@ constexpr index_t default_ffn_dim(index_t d_model) noexcept { return ((8 * d_mod
 
 template <Scalar T, class Policy = policy::reference>
   requires supported_by<Policy, T>
-class SwiGLU {
+class SwiGLU : public detail::linear_weight_forms<SwiGLU<T, Policy>> {
 
  public:
   using value_type = T;
@@ -98,27 +99,18 @@ class SwiGLU {
   }
   const Policy& policy() const noexcept { return policy_; }
 
-  // Inference with int8 weights (modules/linear.hpp): the three projections.
-  void quantize_weights() {
-    for (auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->quantize_weights();
-  }
-  // Decoding panels beside each wide weight (modules/linear.hpp): down_proj's, whose rows are ffn_dim long.
-  void add_decoding_panels() {
-    for (auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->add_decoding_panels();
-  }
-  template <class F>
-  void for_each_linear(F&& f) const {
-    for (const auto* l : {&gate_proj_, &up_proj_, &down_proj_}) f(*l);
-  }
-  // Every projection's weights also packed (modules/linear.hpp).
-  void add_packed_weights() {
-    for (auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->add_packed_weights();
-  }
   void require_trainable(std::string_view where) const {
     for (const auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->require_trainable(where);
   }
 
  private:
+  friend detail::linear_weight_forms<SwiGLU>;
+  // The three projections, for linear_weight_forms (int8 weights, panels,
+  // packed copies; of the panels, only down_proj's rows are long enough).
+  template <class Self, class F>
+  static void visit_linears(Self& self, F& f) {
+    for (auto* l : {&self.gate_proj_, &self.up_proj_, &self.down_proj_}) f(*l);
+  }
   Policy policy_;
   index_t d_model_, ffn_dim_;
   Linear<T, Policy> gate_proj_, up_proj_, down_proj_;
