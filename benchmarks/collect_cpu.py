@@ -222,7 +222,10 @@ def linear(raw, threads):
 def checkpoint(raw, threads):
     rows, prefill_x, decode_x = [], [], []
     model_line = ""
-    for t in ("float32", "bfloat16", "int8"):
+    # (the results' name, the row's label, what the peer columns say without a peer run); the int8 row is
+    # optional: transformers has no int8 weights on the CPU
+    for t, label, no_peer in (("float32", "float32", "not run"), ("bfloat16", "bfloat16", "not run"),
+                              ("int8", "float32, int8 weights", "no int8 weights")):
         path = os.path.join(raw, f"difftx.{t}.json")
         if t == "int8" and not os.path.exists(path):
             continue
@@ -233,10 +236,8 @@ def checkpoint(raw, threads):
         p_decode = p["decode_tokens_per_s"] if p else None
         prefill_x.append(d["prefill_tokens_per_s"] / p_prefill if p else None)
         decode_x.append(d["decode_tokens_per_s"] / p_decode if p else None)
-        none = "no int8 weights" if t == "int8" else "not run"
-        rows.append(["float32, int8 weights" if t == "int8" else t, f"{d['prefill_tokens_per_s']:.0f}",
-                     f"{p_prefill:.0f}" if p else none,
-                     f"{d['decode_tokens_per_s']:.1f}", f"{p_decode:.1f}" if p else none,
+        rows.append([label, f"{d['prefill_tokens_per_s']:.0f}", f"{p_prefill:.0f}" if p else no_peer,
+                     f"{d['decode_tokens_per_s']:.1f}", f"{p_decode:.1f}" if p else no_peer,
                      ratio(d["decode_tokens_per_s"], p_decode) if p else "n/a",
                      f"{d['decode_share_of_bound']:.0%}" if "decode_share_of_bound" in d else "n/a"])
         if p and not model_line:

@@ -170,7 +170,7 @@ class MultiHead : public detail::linear_weight_forms<MultiHead<T, HeadDim, Polic
   // Throws input_error where the module computes for inference only (config.logit_bits, int8 weights).
   void require_trainable(std::string_view where) const {
     attn_.require_trainable(where);
-    for (const auto* l : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) l->require_trainable(where);
+    this->for_each_linear([&](const auto& l) { l.require_trainable(where); });
   }
 
   // Inference with a KV cache (modules/kv_cache.hpp). A cache for `batch`

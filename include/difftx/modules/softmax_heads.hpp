@@ -117,7 +117,7 @@ class SoftmaxHeads : public detail::linear_weight_forms<SoftmaxHeads<T, Policy>>
             std::to_string(config_.logit_bits));
     require(config_.qk_dtype == inference_dtype::same, where, "config.qk_dtype",
             "same (a backward needs the unquantized queries and keys; int8 is for inference)", "int8");
-    for (const auto* l : {&q_proj_, &k_proj_, &v_proj_}) l->require_trainable(where);
+    this->for_each_linear([&](const auto& l) { l.require_trainable(where); });
   }
 
   // After forward(x, s, sequences) on the prompts: the cache restarts with their keys and values.

@@ -100,7 +100,7 @@ class SwiGLU : public detail::linear_weight_forms<SwiGLU<T, Policy>> {
   const Policy& policy() const noexcept { return policy_; }
 
   void require_trainable(std::string_view where) const {
-    for (const auto* l : {&gate_proj_, &up_proj_, &down_proj_}) l->require_trainable(where);
+    this->for_each_linear([&](const auto& l) { l.require_trainable(where); });
   }
 
  private:

@@ -39,8 +39,9 @@
 //
 // Graphs are built once per shape and kept in the policy's context with the
 // workspace size they need (plan_cache.hpp); attention_cudnn_graph.hpp
-// declares them, and attention_cudnn_graph_build.hpp builds and runs them. This file runs them: the packed batch's lengths and offsets,
-// the statistics' copies, and the forward and backward of both maps.
+// declares them, and attention_cudnn_graph_build.hpp builds and runs them.
+// This file feeds them: the packed batch's lengths and offsets, the
+// statistics' copies, and the forward and backward of both maps.
 // Compiled only where CMake found cuDNN and the frontend (DIFFTX_CUDNN,
 // target difftx::cudnn).
 #pragma once
