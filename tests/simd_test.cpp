@@ -10,6 +10,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -307,6 +308,89 @@ TEST_CASE("simd: decoding's slices of w, each computed once whatever the threads
     }
 }
 
+TEST_CASE("simd: several products' slices in one run, each computed once whatever the threads") {
+  // Parts of ragged sizes, one of a single row, one of fewer rows than a
+  // slice: every slice of every part once, with its part's true row count.
+  const std::vector<index_t> rows{300, 1, 17, 64, 5};
+  constexpr index_t slice = 16, M = 3;
+  for (int threads : {1, 2, 3, 8}) {
+    std::vector<std::vector<std::atomic<int>>> visits;
+    for (const index_t n : rows) visits.emplace_back(static_cast<std::size_t>(M * ((n + slice - 1) / slice)));
+    std::atomic<bool> wrong_rows{false};
+    simd_detail::for_each_gemv_slice(policy::simd{threads}, M, std::span<const index_t>(rows), slice,
+                                     [&](std::size_t k, index_t i, index_t j, index_t n) {
+                                       if (j % slice != 0 || n != std::min(slice, rows[k] - j)) wrong_rows = true;
+                                       const index_t slices = (rows[k] + slice - 1) / slice;
+                                       visits[k][static_cast<std::size_t>(i * slices + j / slice)].fetch_add(1);
+                                     });
+    INFO("threads=" << threads);
+    CHECK_FALSE(wrong_rows.load());
+    int missed_or_repeated = 0;
+    for (const auto& part : visits)
+      for (const auto& v : part) missed_or_repeated += v.load() != 1;
+    CHECK(missed_or_repeated == 0);
+  }
+}
+
+// Linear::forward_together (decoding's q, k and v; gate and up as one
+// product) gives each Linear's forward bit for bit: W read as it is, as int8
+// rows, a mix (one forward each), beside decoding panels (made where x is
+// wider than wide_weight_row_bytes: K = 8200 here), and for prompts.
+template <class T>
+void check_forward_together(index_t K) {
+  const policy::simd simd{2};
+  random_stream rng(7);
+  std::vector<Linear<T, policy::simd>> linears;
+  for (index_t n : {64, 20, 33}) linears.emplace_back(K, n, simd).reset_parameters(rng);
+  const auto check = [&](const char* weights) {
+    for (auto [B, N] : {std::array<index_t, 2>{1, 1}, {2, 2}, {1, 3}, {1, 6}}) {
+      const auto x = test_support::random_tensor<T, 3>({B, N, K}, 11);
+      std::vector<Tensor<T, 3>> alone, together;
+      std::vector<typename Linear<T, policy::simd>::saved_type> saved(6);
+      for (std::size_t l = 0; l < linears.size(); ++l) {
+        alone.emplace_back(linears[l].output_shape(x.shape()));
+        together.emplace_back(linears[l].output_shape(x.shape()));
+        linears[l].forward(x.const_view(), alone[l].view(), saved[l]);
+      }
+      Linear<T, policy::simd>::forward_together(x.const_view(), {{linears[0], together[0].view(), saved[3]},
+                                                                 {linears[1], together[1].view(), saved[4]},
+                                                                 {linears[2], together[2].view(), saved[5]}});
+      INFO(scalar_traits<T>::name << ", " << weights << ", x [" << B << ", " << N << ", " << K << "]");
+      for (std::size_t l = 0; l < linears.size(); ++l) {
+        CHECK(std::equal(alone[l].data(), alone[l].data() + alone[l].size(), together[l].data(),
+                         [](T a, T b) { return std::bit_cast<std::array<char, sizeof(T)>>(a) ==
+                                               std::bit_cast<std::array<char, sizeof(T)>>(b); }));
+        CHECK(saved[3 + l].input_shape == x.shape());
+      }
+    }
+  };
+  check("W");
+  linears[1].add_decoding_panels();
+  check("W, one with decoding panels where x is wide");
+  linears[1].quantize_weights();
+  check("int8 rows and W");
+  for (auto& l : linears) l.quantize_weights();
+  check("int8 rows");
+}
+
+TEST_CASE("simd: decoding's projections of one x as one product, the bits of one forward each") {
+  for (index_t K : {96, 8200}) {
+    check_forward_together<float>(K);
+    check_forward_together<double>(K);
+    check_forward_together<Eigen::bfloat16>(K);
+    check_forward_together<Eigen::half>(K);
+  }
+  // Bad input: every output checked before any is written.
+  const Linear<float, policy::simd> a(8, 4), b(8, 3);
+  const auto x = test_support::random_tensor<float, 3>({1, 1, 8}, 1);
+  Tensor<float, 3> ya({1, 1, 4}), yb({1, 1, 4});
+  Linear<float, policy::simd>::saved_type sa, sb;
+  test_support::expect_input_error(
+      [&] { Linear<float, policy::simd>::forward_together(x.const_view(), {{a, ya.view(), sa}, {b, yb.view(), sb}}); },
+      "Linear::forward", "y", "[1, 1, 3]", "[1, 1, 4]");
+  CHECK(std::all_of(ya.data(), ya.data() + ya.size(), [](float v) { return v == 0; }));
+}
+
 // The bfloat16 dot-product path (gemm_bf16_pairs.hpp) against the
 // convert-while-packing product, element by element, in the three layouts
 // and both write modes, over its blocking's edges and odd depths. Both sum
@@ -420,15 +504,24 @@ void check_bf16_pairs(index_t M, index_t N, index_t K, bool accumulate) {
 }
 
 // Decoding's matrix-vector products on the kernel's row_dots against the
-// converting ones (reduced_gemv), y = x · wᵀ.
+// converting ones (reduced_gemv), y = x · wᵀ; the kernel's with w's rows in
+// two parts (a third, the rest: y's columns in two outputs, as q and k).
 template <class Kernel>
 void check_bf16_pair_gemv(index_t M, index_t N, index_t K) {
   using B16 = Eigen::bfloat16;
   const auto x = test_support::random_tensor<B16, 2>({M, K}, 25), w = test_support::random_tensor<B16, 2>({N, K}, 26);
   Tensor<B16, 2> converted({M, N}), paired({M, N});
   const policy::simd threads{2};
-  simd_detail::reduced_gemv(threads, M, N, K, x.data(), w.data(), converted.data());
-  simd_detail::bf16_pair_gemv<Kernel>(threads, M, N, K, x.data(), w.data(), paired.data());
+  const simd_detail::gemv_part<B16> whole{w.data(), N, converted.data()};
+  simd_detail::reduced_gemv(threads, M, K, x.data(), std::span(&whole, 1));
+  const index_t N1 = N / 3;
+  std::vector<B16> y1(static_cast<std::size_t>(M * N1)), y2(static_cast<std::size_t>(M * (N - N1)));
+  const simd_detail::gemv_part<B16> parts[] = {{w.data(), N1, y1.data()}, {w.data() + N1 * K, N - N1, y2.data()}};
+  simd_detail::bf16_pair_gemv<Kernel>(threads, M, K, x.data(), std::span<const simd_detail::gemv_part<B16>>(parts));
+  for (index_t i = 0; i < M; ++i) {
+    std::copy_n(y1.data() + i * N1, N1, paired.data() + i * N);
+    std::copy_n(y2.data() + i * (N - N1), N - N1, paired.data() + i * N + N1);
+  }
   INFO("matrix-vector M=" << M << " N=" << N << " K=" << K);
   check_agreement(M, N, K, converted.data(), paired.data(), [&](index_t i, index_t j) {
     double magnitude = 0;

@@ -71,8 +71,11 @@ class token_sampler {
   // else one draw; it joins the history.
   template <class T>
   token_t next(std::span<const T> logits) {
-    run_chain(logits);
-    const token_t t = draws_ ? draw() : candidates_.most_likely();
+    const token_t t = [&] {
+      if (!draws_ && steps_.empty()) return candidate_set::most_likely_of(logits);
+      run_chain(logits);
+      return draws_ ? draw() : candidates_.most_likely();
+    }();
     accept(t);
     return t;
   }

@@ -71,16 +71,29 @@ class candidate_set {
   // ("token_sampler", "logits", ...) for an empty row or a value that is not finite.
   template <class T>
   void assign(std::span<const T> logits) {
-    require(!logits.empty(), "token_sampler", "logits", "a row of at least one logit", "an empty row");
+    require_row(logits);
     scores_.resize(logits.size());
     kept_.resize(logits.size());
     for (std::size_t v = 0; v < logits.size(); ++v) {
-      const double x = scalar_traits<T>::to_double(logits[v]);
-      require(std::isfinite(x), "token_sampler", "logits", "finite values",
-              [&] { return std::to_string(x) + " for token " + std::to_string(v); });
-      scores_[v] = x;
+      scores_[v] = finite_logit(logits, v);
       kept_[v] = static_cast<token_t>(v);
     }
+  }
+  // The most likely token of the row (the smallest id of equal logits), read
+  // once and checked as assign checks it, keeping no candidates: greedy
+  // decoding with no step, where copying a large vocabulary's row cost a
+  // decode step a few percent.
+  template <class T>
+  static token_t most_likely_of(std::span<const T> logits) {
+    require_row(logits);
+    std::size_t best = 0;
+    double largest = finite_logit(logits, 0);
+    for (std::size_t v = 1; v < logits.size(); ++v)
+      if (const double x = finite_logit(logits, v); x > largest) {
+        largest = x;
+        best = v;
+      }
+    return static_cast<token_t>(best);
   }
 
   index_t vocab_size() const noexcept { return static_cast<index_t>(scores_.size()); }
@@ -111,6 +124,18 @@ class candidate_set {
   std::vector<scored_token>& scratch() noexcept { return scratch_; }
 
  private:
+  template <class T>
+  static void require_row(std::span<const T> logits) {
+    require(!logits.empty(), "token_sampler", "logits", "a row of at least one logit", "an empty row");
+  }
+  template <class T>
+  static double finite_logit(std::span<const T> logits, std::size_t v) {
+    const double x = scalar_traits<T>::to_double(logits[v]);
+    require(std::isfinite(x), "token_sampler", "logits", "finite values",
+            [&] { return std::to_string(x) + " for token " + std::to_string(v); });
+    return x;
+  }
+
   std::vector<double> scores_;
   std::vector<token_t> kept_;
   std::vector<scored_token> scratch_;

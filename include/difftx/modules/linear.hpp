@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -127,6 +128,54 @@ class Linear {
       linear_forward(policy_, flatten_rows(x), weight_.value.view(), flatten_rows(y));
     }();
     saved.input_shape = x.shape();
+  }
+
+  // One Linear of forward_together: its output and saved state.
+  struct call {
+    const Linear& linear;
+    TensorView<T, 3> y;
+    saved_type& saved;
+  };
+  // Projections of one x (q, k and v; gate and up), each as forward gives it.
+  // Decoding's few rows are one product over all their weights
+  // (ops/linear.hpp's linear_part; policy::simd runs it as one parallel
+  // region) where every one reads W, or every one int8 rows; otherwise
+  // (prompts, decoding panels, mixed forms) one forward each.
+  static void forward_together(cview<T, 3> x, std::initializer_list<call> calls) {
+    constexpr std::string_view where = "Linear::forward";
+    for (const auto& c : calls) {
+      require_tokens(where, "x", x, c.linear.in_, c.linear.policy_.memory().space());
+      require_shape(where, "y", c.y, c.linear.output_shape(x.shape()));
+    }
+    const index_t rows = x.extent(0) * x.extent(1);
+    const bool together = calls.size() > 1 && rows <= decoding_panels<T>::max_rows;
+    const auto all = [&](auto&& form) {
+      return std::all_of(calls.begin(), calls.end(), [&](const call& c) { return form(c.linear); });
+    };
+    const auto reads_w = [](const Linear& l) {
+      if constexpr (panelled)
+        if (l.panels_) return false;
+      return !l.int8_;
+    };
+    const auto reads_int8 = [](const Linear& l) { return low_bit_policy<Policy> && l.int8_; };
+    const Policy& policy = calls.begin()->linear.policy_;
+    if (together && all(reads_w)) {
+      std::vector<cview<T, 2>> w;
+      std::vector<linear_part<cview<T, 2>, T>> parts;
+      w.reserve(calls.size());  // parts point into it
+      for (const auto& c : calls) parts.push_back({&w.emplace_back(c.linear.weight_.value.const_view()), flatten_rows(c.y)});
+      linear_forward(policy, flatten_rows(x), std::span<const linear_part<cview<T, 2>, T>>(parts));
+    } else if (together && all(reads_int8)) {
+      if constexpr (low_bit_policy<Policy>) {
+        std::vector<linear_part<int8_rows<accum_t<T>>, T>> parts;
+        for (const auto& c : calls) parts.push_back({c.linear.int8_.get(), flatten_rows(c.y)});
+        linear_forward(policy, flatten_rows(x), std::span<const linear_part<int8_rows<accum_t<T>>, T>>(parts));
+      }
+    } else {
+      for (const auto& c : calls) c.linear.forward(x, c.y, c.saved);
+      return;
+    }
+    for (const auto& c : calls) c.saved.input_shape = x.shape();
   }
 
   // dy [B, N, out] -> dx [B, N, in] (assign, or add with write_mode::add); dW += dy^T x

@@ -284,9 +284,9 @@ class MultiHead : public detail::linear_weight_forms<MultiHead<T, HeadDim, Polic
     s.k.resize(attn_.k_shape(B, N), policy_.memory());
     s.v.resize(attn_.v_shape(B, N), policy_.memory());
     s.o.resize(attn_.output_shape(B, N), policy_.memory());
-    q_proj_.forward(x, s.q.view().template reshape<3>({B, N, 2 * h * D}), s.q_proj);
-    k_proj_.forward(x, s.k.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj);
-    v_proj_.forward(x, s.v.view().template reshape<3>({B, N, 2 * g * D}), s.v_proj);
+    linear_type::forward_together(x, {{q_proj_, s.q.view().template reshape<3>({B, N, 2 * h * D}), s.q_proj},
+                                      {k_proj_, s.k.view().template reshape<3>({B, N, 2 * g * D}), s.k_proj},
+                                      {v_proj_, s.v.view().template reshape<3>({B, N, 2 * g * D}), s.v_proj}});
   }
   // s.o [B, N, h, 2D] -> subln -> out_proj -> y [B, N, C]
   void output(saved_type& s, TensorView<T, 3> y) const {

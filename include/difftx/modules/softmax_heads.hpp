@@ -177,9 +177,9 @@ class SoftmaxHeads : public detail::linear_weight_forms<SoftmaxHeads<T, Policy>>
     s.k.resize({B, N, G, 1, D}, memory);
     s.v.resize({B, N, G, D}, memory);
     s.o.resize({B, N, H, D}, memory);
-    q_proj_.forward(x, s.q.view().template reshape<3>({B, N, H * D}), s.q_proj);
-    k_proj_.forward(x, s.k.view().template reshape<3>({B, N, G * D}), s.k_proj);
-    v_proj_.forward(x, s.v.view().template reshape<3>({B, N, G * D}), s.v_proj);
+    linear_type::forward_together(x, {{q_proj_, s.q.view().template reshape<3>({B, N, H * D}), s.q_proj},
+                                      {k_proj_, s.k.view().template reshape<3>({B, N, G * D}), s.k_proj},
+                                      {v_proj_, s.v.view().template reshape<3>({B, N, G * D}), s.v_proj}});
   }
 
   Policy policy_;

@@ -60,8 +60,8 @@ class SwiGLU : public detail::linear_weight_forms<SwiGLU<T, Policy>> {
     require_shape(where, "y", y, x.shape());
     const shape_t<3> hidden_shape{x.extent(0), x.extent(1), ffn_dim_};
     for (auto* t : {&saved.gate, &saved.up, &saved.hidden}) t->resize(hidden_shape, policy_.memory());
-    gate_proj_.forward(x, saved.gate.view(), saved.gate_proj);
-    up_proj_.forward(x, saved.up.view(), saved.up_proj);
+    Linear<T, Policy>::forward_together(x, {{gate_proj_, saved.gate.view(), saved.gate_proj},
+                                            {up_proj_, saved.up.view(), saved.up_proj}});
     swiglu_gate_forward(policy_, flatten_rows(saved.gate.const_view()), flatten_rows(saved.up.const_view()),
                         flatten_rows(saved.hidden.view()));
     down_proj_.forward(saved.hidden.view(), y, saved.down_proj);

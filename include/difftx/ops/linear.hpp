@@ -14,7 +14,14 @@
 //
 // w as decoding panels (inference, host policies; ops/decoding_panels.hpp):
 // the same product for x of at most decoding_panels<T>::max_rows rows.
+//
+// Several products of one x (decoding's q, k and v; gate and up):
+//   linear_forward(policy, x[M, K], parts): y_k[M, N_k] = x · w_k[N_k, K]^T
+// for each linear_part {&w_k, y_k}, w_k float weights (cview<T, 2>) or int8
+// rows; the same bits as one linear_forward a part.
 #pragma once
+
+#include <span>
 
 #include "difftx/ops/common.hpp"
 #include "difftx/ops/decoding_panels.hpp"
@@ -66,3 +73,38 @@ void check_linear_panels(std::string_view where, memory_space space, const X& x,
 }
 
 }  // namespace difftx::detail
+
+namespace difftx {
+
+// One of several products of the same x: y = x · wᵀ, w a cview<T, 2> or int8_rows<accum_t<T>>.
+template <class W, class T>
+struct linear_part {
+  const W* w;
+  TensorView<T, 2> y;
+};
+
+namespace detail {
+
+// Every part's shapes before any product writes.
+template <class X, class W, class T>
+void check_linear_parts(std::string_view where, memory_space space, const X& x, std::span<const linear_part<W, T>> parts) {
+  require(!parts.empty(), where, "parts", "at least one product", "none");
+  for (const auto& part : parts) {
+    if constexpr (requires { part.w->extent(0); })
+      check_linear(where, space, x, *part.w, part.y, "y");
+    else
+      check_linear_stored(where, space, x, *part.w, part.y, "int8 weights");
+  }
+}
+
+}  // namespace detail
+
+// Any policy: one product after the other. policy::simd computes decoding's
+// few rows of x as one product (policy/simd/linear_parts.hpp).
+template <class Policy, class T, class W>
+void linear_forward(const Policy& p, cview<T, 2> x, std::span<const linear_part<W, T>> parts) {
+  detail::check_linear_parts("linear_forward", p.memory().space(), x, parts);
+  for (const auto& part : parts) linear_forward(p, x, *part.w, part.y);
+}
+
+}  // namespace difftx

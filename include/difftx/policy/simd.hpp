@@ -26,6 +26,7 @@
 #include "difftx/policy/simd/embedding.hpp"
 #include "difftx/policy/simd/linear.hpp"
 #include "difftx/policy/simd/linear_int8.hpp"
+#include "difftx/policy/simd/linear_parts.hpp"
 #include "difftx/policy/simd/rmsnorm.hpp"
 #include "difftx/policy/simd/rope.hpp"
 #include "difftx/policy/simd/swiglu.hpp"

@@ -18,7 +18,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <type_traits>
+#include <vector>
 
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm_blocks.hpp"
@@ -175,9 +177,9 @@ inline void bf16_pair_dots(const float* split, const Eigen::bfloat16* first, ind
 }
 
 // Decoding's products (for_each_gemv_slice) with w converted in registers
-// (dots_with_rows) and x's rows converted once.
+// (dots_with_rows) and x's rows converted once for every part.
 template <class T>
-void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const T* x, const T* w, T* y) {
+void reduced_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::span<const gemv_part<T>> parts) {
   using A = accum_t<T>;
   constexpr index_t W = vec<A>::size;
   // bfloat16 rows of even length read as pairs (bf16_pair_dots): decoding's
@@ -192,16 +194,33 @@ void reduced_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const 
     for (index_t i = 0; i < M; ++i) split_pairs(x + i * K, K, xa + i * x_size);
   else
     to_accum(x, M * K, xa);
-  for_each_gemv_slice(p, M, N, W, [&](index_t i, index_t j, index_t rows) {
+  std::vector<index_t> rows;
+  for (const auto& part : parts) rows.push_back(part.rows);
+  for_each_gemv_slice(p, M, std::span<const index_t>(rows), W, [&](std::size_t k, index_t i, index_t j, index_t n) {
+    const auto& part = parts[k];
     A out[W];  // the slice's sums, converted into y on the thread that made them
     const auto sums = [&] {
       if constexpr (bf16_floats)
-        if (pairs) return bf16_pair_dots(xa + i * x_size, w + j * K, K, rows, K, out);
-      dots_with_rows(xa + i * K, w + j * K, K, rows, K, out);
+        if (pairs) return bf16_pair_dots(xa + i * x_size, part.w + j * K, K, n, K, out);
+      dots_with_rows(xa + i * K, part.w + j * K, K, n, K, out);
     };
     sums();
-    from_accum(out, rows, y + i * N + j);
+    from_accum(out, n, part.y + i * part.rows + j);
   });
+}
+
+// Decoding's products of float16/bfloat16 x[M, K] (M ≤ gemv_max_rows) with
+// each part's w: bfloat16 on the dot-product instruction where the policy's
+// setting resolves to it (bf16_product.hpp), else converted in registers.
+template <class T>
+  requires(!std::is_same_v<T, accum_t<T>>)
+void reduced_decoding_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::span<const gemv_part<T>> parts) {
+#if DIFFTX_BF16_PAIRS
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+    if (p.bf16_product_used() == policy::bf16_product::dot_instructions)
+      return bf16_pair_gemv<avx512_bf16_pairs>(p, M, K, x, parts);
+#endif
+  reduced_gemv(p, M, K, x, parts);
 }
 
 // C = (C +) A · B with A and B converted to float while they are packed.
@@ -253,14 +272,15 @@ void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const 
   if (M == 0 || N == 0) return;
   constexpr bool gemv_form = AS == a_storage::rows && BS == b_storage::columns;
   const bool gemv = gemv_form && M <= gemv_max_rows && !accumulate && lda == K && ldb == K && ldc == N;
+  if (gemv) {
+    const gemv_part<T> part{b, N, c};
+    return reduced_decoding_gemv(p, M, K, a, std::span(&part, 1));
+  }
 #if DIFFTX_BF16_PAIRS
   if constexpr (std::is_same_v<T, Eigen::bfloat16>)
-    if (p.bf16_product_used() == policy::bf16_product::dot_instructions) {
-      if (gemv) return bf16_pair_gemv<avx512_bf16_pairs>(p, M, N, K, a, b, c);
+    if (p.bf16_product_used() == policy::bf16_product::dot_instructions)
       return bf16_pair_gemm<AS, BS, avx512_bf16_pairs>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
-    }
 #endif
-  if (gemv) return reduced_gemv(p, M, N, K, a, b, c);
   converted_gemm<AS, BS>(p, M, N, K, a, lda, b, ldb, c, ldc, accumulate);
 }
 

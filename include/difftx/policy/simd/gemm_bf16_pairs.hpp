@@ -25,6 +25,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "difftx/policy/simd/bf16_product.hpp"
 #include "difftx/policy/simd/common.hpp"
@@ -105,18 +107,22 @@ void bf16_pair_gemm(const policy::simd& p, index_t M, index_t N, index_t K, cons
   }
 }
 
-// Decoding's y[M, N] = x[M, K] · w[N, K]ᵀ (M ≤ gemv_max_rows) on Kernel's
+// Decoding's y_k = x[M, K] · w_k[N_k, K]ᵀ for each part (M ≤ gemv_max_rows) on Kernel's
 // row_dots: rows stored along the depth are pair words as they lie, so
 // nothing is packed or converted and w streams once at the instruction's
 // rate (a conversion costs as much as the memory on two cores).
 template <class Kernel>
-void bf16_pair_gemv(const policy::simd& p, index_t M, index_t N, index_t K, const Eigen::bfloat16* x,
-                    const Eigen::bfloat16* w, Eigen::bfloat16* y) {
-  for_each_gemv_slice(p, M, N, Kernel::dot_rows, [&](index_t i, index_t j, index_t rows) {
-    float out[Kernel::dot_rows];  // the slice's sums, converted into y on the thread that made them
-    Kernel::row_dots(x + i * K, w + j * K, K, rows, K, out);
-    from_accum(out, rows, y + i * N + j);
-  });
+void bf16_pair_gemv(const policy::simd& p, index_t M, index_t K, const Eigen::bfloat16* x,
+                    std::span<const gemv_part<Eigen::bfloat16>> parts) {
+  std::vector<index_t> rows;
+  for (const auto& part : parts) rows.push_back(part.rows);
+  for_each_gemv_slice(p, M, std::span<const index_t>(rows), Kernel::dot_rows,
+                      [&](std::size_t k, index_t i, index_t j, index_t n) {
+                        const auto& part = parts[k];
+                        float out[Kernel::dot_rows];  // the slice's sums, converted into y on the thread that made them
+                        Kernel::row_dots(x + i * K, part.w + j * K, K, n, K, out);
+                        from_accum(out, n, part.y + i * part.rows + j);
+                      });
 }
 
 #if DIFFTX_BF16_PAIRS

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -118,15 +119,34 @@ class slice_run {
 // rows first, left the faster thread waiting at the end of the products for
 // 1.5 to 7 ms of a 45-70 ms bfloat16 decode step of the 1B checkpoint; with
 // runs taken from the back, 0.2 to 1.2 ms.
+//
+// Several products of the same rows of x (decoding's q, k and v; gate and
+// up) run as one: part k's w has part_rows[k] rows, row_dots(k, i, j, rows),
+// and the slices of all parts are one run, so one parallel region and one
+// wait at its end instead of one per product.
 constexpr index_t gemv_max_rows = 4;
+
+// One of the products: w's `rows` rows of depth K (as stored), into y[M, rows].
+template <class T>
+struct gemv_part {
+  const T* w;
+  index_t rows;
+  T* y;
+};
+
 template <class RowDots>
-void for_each_gemv_slice(const policy::simd& p, index_t M, index_t N, index_t slice, RowDots&& row_dots) {
-  const index_t slices = (N + slice - 1) / slice;
+void for_each_gemv_slice(const policy::simd& p, index_t M, std::span<const index_t> part_rows, index_t slice,
+                         RowDots&& row_dots) {
+  std::vector<index_t> first{0};  // part k's slices are [first[k], first[k + 1])
+  for (const index_t rows : part_rows) first.push_back(first.back() + (rows + slice - 1) / slice);
+  const index_t slices = first.back();
   const int threads = static_cast<int>(std::min<index_t>(thread_count(p), slices));
   auto run_slices = [&](index_t s0, index_t s1) {
+    std::size_t k = 0;
     for (index_t s = s0; s < s1; ++s) {
-      const index_t j = s * slice;
-      for (index_t i = 0; i < M; ++i) row_dots(i, j, std::min(slice, N - j));
+      while (s >= first[k + 1]) ++k;
+      const index_t j = (s - first[k]) * slice, rows = std::min(slice, part_rows[k] - j);
+      for (index_t i = 0; i < M; ++i) row_dots(k, i, j, rows);
     }
   };
   if (threads <= 1) return run_slices(0, slices);
@@ -153,6 +173,14 @@ void for_each_gemv_slice(const policy::simd& p, index_t M, index_t N, index_t sl
       run_slices(s0, s1);
     }
   }
+}
+
+// One product: row_dots(i, j, rows).
+template <class RowDots>
+void for_each_gemv_slice(const policy::simd& p, index_t M, index_t N, index_t slice, RowDots&& row_dots) {
+  const index_t rows[] = {N};
+  for_each_gemv_slice(p, M, std::span<const index_t>(rows), slice,
+                      [&](std::size_t, index_t i, index_t j, index_t n) { row_dots(i, j, n); });
 }
 
 }  // namespace difftx::simd_detail

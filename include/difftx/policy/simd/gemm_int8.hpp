@@ -26,6 +26,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "difftx/ops/int8.hpp"
 #include "difftx/policy/simd/common.hpp"
@@ -170,15 +172,32 @@ void remove_unsigned_offset(std::int32_t* sums, const int8_rows<A>& b, index_t j
                                         128u * static_cast<std::uint32_t>(b.sums[static_cast<std::size_t>(j0 + c)]));
 }
 
-// Decoding's few rows of a (the bytes of a, offset where the kernel says)
-// against slices of b's rows, shared out as the float products' are
+// a's bytes as Kernel multiplies them: offset to unsigned into `offset`
+// where the kernel says, else a's own.
+template <class Kernel, class A>
+const std::int8_t* kernel_bytes(const policy::simd& p, const int8_rows<A>& a, aligned_vector<std::uint8_t>& offset) {
+  if constexpr (Kernel::offset_a) {
+    offset = offset_to_unsigned(p, a);
+    return reinterpret_cast<const std::int8_t*>(offset.data());
+  } else {
+    return a.values.data();
+  }
+}
+
+// Decoding's few rows of a (a_bytes: as kernel_bytes gives them) against
+// slices of each part's rows, shared out as the float products' are
 // (for_each_gemv_slice: one forward stream per thread, the slower thread's
-// rest taken from the back), each row of a against 4 rows of b a call.
+// rest taken from the back), each row of a against 4 rows of b a call;
+// store(k, i, j0, n, sums): row i of a against rows j0 .. j0 + n of part k.
 template <class Kernel, class A, class Store>
-void int8_gemv_with(const policy::simd& p, const std::int8_t* a_bytes, index_t M, const int8_rows<A>& b, Store&& store) {
+void int8_gemv_with(const policy::simd& p, const std::int8_t* a_bytes, index_t M,
+                    std::span<const int8_rows<A>* const> parts, Store&& store) {
   constexpr index_t slice = 16;
-  const index_t kp = b.padded;
-  for_each_gemv_slice(p, 1, b.rows, slice, [&](index_t, index_t j0, index_t n) {
+  std::vector<index_t> rows;
+  for (const auto* b : parts) rows.push_back(b->rows);
+  for_each_gemv_slice(p, 1, std::span<const index_t>(rows), slice, [&](std::size_t k, index_t, index_t j0, index_t n) {
+    const int8_rows<A>& b = *parts[k];
+    const index_t kp = b.padded;
     std::int32_t sums[gemv_max_rows * slice];
     for (index_t i = 0; i < M; ++i) {
       std::int32_t* row = sums + i * slice;
@@ -186,7 +205,7 @@ void int8_gemv_with(const policy::simd& p, const std::int8_t* a_bytes, index_t M
       for (; j + 4 <= n; j += 4) Kernel::template dots<1, 4>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
       for (; j < n; ++j) Kernel::template dots<1, 1>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
       if constexpr (Kernel::offset_a) remove_unsigned_offset(row, b, j0, n);
-      store(i, j0, n, static_cast<const std::int32_t*>(row));
+      store(k, i, j0, n, static_cast<const std::int32_t*>(row));
     }
   });
 }
@@ -199,13 +218,15 @@ template <class Kernel, class A, class Store>
 void int8_products_with(const policy::simd& p, const int8_rows<A>& a, const int8_rows<A>& b, Store&& store) {
   constexpr int R = Kernel::rows;
   const index_t M = a.rows, N = b.rows, kp = a.padded;
-  const std::int8_t* a_bytes = a.values.data();
-  aligned_vector<std::uint8_t> offset;  // a + 128 for kernels that multiply unsigned bytes
-  if constexpr (Kernel::offset_a) {
-    offset = offset_to_unsigned(p, a);
-    a_bytes = reinterpret_cast<const std::int8_t*>(offset.data());
+  aligned_vector<std::uint8_t> offset;
+  const std::int8_t* const a_bytes = kernel_bytes<Kernel>(p, a, offset);
+  if (M <= gemv_max_rows) {
+    const int8_rows<A>* const part = &b;
+    return int8_gemv_with<Kernel>(p, a_bytes, M, std::span(&part, 1),
+                                  [&](std::size_t, index_t i, index_t j0, index_t n, const std::int32_t* sums) {
+                                    store(i, j0, n, sums);
+                                  });
   }
-  if (M <= gemv_max_rows) return int8_gemv_with<Kernel>(p, a_bytes, M, b, store);
   constexpr index_t block = 64;
   const index_t blocks = (N + block - 1) / block;
 #pragma omp parallel for num_threads(thread_count(p)) schedule(dynamic, 1) if (blocks > 1)
@@ -234,17 +255,34 @@ void int8_products_with(const policy::simd& p, const int8_rows<A>& a, const int8
   }
 }
 
-// int8_products_with on this CPU's kernel.
-template <class A, class Store>
-void int8_products(const policy::simd& p, const int8_rows<A>& a, const int8_rows<A>& b, Store&& store) {
+// f(Kernel{}) on this CPU's kernel.
+template <class F>
+void with_int8_kernel(F&& f) {
 #if DIFFTX_INT8_DOTS
   switch (int8_dot_kernel()) {
-    case int8_kernel::avx512_vnni: return int8_products_with<avx512_vnni_int8>(p, a, b, store);
-    case int8_kernel::avx2: return int8_products_with<avx2_int8>(p, a, b, store);
+    case int8_kernel::avx512_vnni: return f(avx512_vnni_int8{});
+    case int8_kernel::avx2: return f(avx2_int8{});
     default: break;
   }
 #endif
-  int8_products_with<portable_int8>(p, a, b, store);
+  f(portable_int8{});
+}
+
+// int8_products_with on this CPU's kernel.
+template <class A, class Store>
+void int8_products(const policy::simd& p, const int8_rows<A>& a, const int8_rows<A>& b, Store&& store) {
+  with_int8_kernel([&](auto kernel) { int8_products_with<decltype(kernel)>(p, a, b, store); });
+}
+
+// Decoding's few rows of a against each part on this CPU's kernel, a's bytes
+// offset once for all of them; store(k, i, j0, n, sums) as int8_gemv_with.
+template <class A, class Store>
+void int8_gemv(const policy::simd& p, const int8_rows<A>& a, std::span<const int8_rows<A>* const> parts, Store&& store) {
+  with_int8_kernel([&](auto kernel) {
+    using Kernel = decltype(kernel);
+    aligned_vector<std::uint8_t> offset;
+    int8_gemv_with<Kernel>(p, kernel_bytes<Kernel>(p, a, offset), a.rows, parts, store);
+  });
 }
 
 }  // namespace difftx::simd_detail

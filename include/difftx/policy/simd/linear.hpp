@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include "difftx/core/x86_intrinsics.hpp"  // before Eigen
@@ -149,6 +150,20 @@ void panel_gemv(const policy::simd& p, index_t M, const T* x, const decoding_pan
   }
 }
 
+// Decoding's products of float or double x[M, K] (M ≤ gemv_max_rows) with
+// each part's w: its rows streamed one after the other (streamed_dot).
+template <class T>
+void float_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::span<const gemv_part<T>> parts) {
+  std::vector<index_t> rows;
+  for (const auto& part : parts) rows.push_back(part.rows);
+  for_each_gemv_slice(p, M, std::span<const index_t>(rows), vec<T>::size,
+                      [&](std::size_t k, index_t i, index_t j, index_t n) {
+                        const auto& part = parts[k];
+                        for (index_t t = 0; t < n; ++t)
+                          part.y[i * part.rows + j + t] = streamed_dot(x + i * K, part.w + (j + t) * K, K);
+                      });
+}
+
 // y[M, N] = x[M, K] · w[N, K]^T; packed: w's packed copy for oneDNN, or nullptr.
 template <class T>
 void float_linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w,
@@ -160,9 +175,8 @@ void float_linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w,
   if constexpr (!std::is_same_v<T, A>) {
     reduced_gemm<a_storage::rows, b_storage::columns>(p, M, N, K, x.data(), K, w.data(), K, y.data(), N, false);
   } else if (M <= gemv_max_rows) {  // decoding
-    for_each_gemv_slice(p, M, N, vec<A>::size, [&](index_t i, index_t j, index_t rows) {
-      for (index_t t = 0; t < rows; ++t) y.data()[i * N + j + t] = streamed_dot(x.data() + i * K, w.data() + (j + t) * K, K);
-    });
+    const gemv_part<T> part{w.data(), N, y.data()};
+    float_gemv(p, M, K, x.data(), std::span(&part, 1));
   } else {
     matrix_map<A> Y(y.data(), M, N);
     const const_matrix_map<A> X(x.data(), M, K), W(w.data(), N, K);

@@ -34,24 +34,28 @@ int8_rows<accum_t<T>> quantized_rows(const policy::simd& p, cview<T, 2> x) {
   return rows;
 }
 
+// y[m, j0 .. j0 + n) = sums · s_x[m] · s_w[j], in the reference's order.
+template <class T, class A>
+void store_scaled(const int8_rows<A>& x8, const int8_rows<A>& w, TensorView<T, 2> y, index_t m, index_t j0, index_t n,
+                  const std::int32_t* sums) {
+  alignas(64) A out[64];
+  const A step = x8.steps[static_cast<std::size_t>(m)];
+  for (index_t c0 = 0; c0 < n; c0 += 64) {
+    const index_t width = std::min<index_t>(64, n - c0);
+    for (index_t c = 0; c < width; ++c) out[c] = A(sums[c0 + c]) * step * w.steps[static_cast<std::size_t>(j0 + c0 + c)];
+    from_accum(out, width, y.data() + m * w.rows + j0 + c0);
+  }
+}
+
 // y[M, N] = (x[M, K] quantized per row) · w8[N, K]^T, scaled; packed: w8's
 // packed copy for oneDNN, or nullptr.
 template <class T>
 void int8_linear_forward(const policy::simd& p, cview<T, 2> x, const int8_rows<accum_t<T>>& w,
                          const policy::simd::packed_weights* packed, TensorView<T, 2> y) {
-  using A = accum_t<T>;
   detail::check_linear_stored("linear_forward", memory_space::host, x, w, y, "int8 weights");
   const auto x8 = quantized_rows<T>(p, x);
-  const index_t N = w.rows;
   const auto store = [&](index_t m, index_t j0, index_t n, const std::int32_t* sums) {
-    alignas(64) A out[64];
-    const A step = x8.steps[static_cast<std::size_t>(m)];
-    for (index_t c0 = 0; c0 < n; c0 += 64) {
-      const index_t width = std::min<index_t>(64, n - c0);
-      for (index_t c = 0; c < width; ++c)
-        out[c] = A(sums[c0 + c]) * step * w.steps[static_cast<std::size_t>(j0 + c0 + c)];
-      from_accum(out, width, y.data() + m * N + j0 + c0);
-    }
+    store_scaled(x8, w, y, m, j0, n, sums);
   };
   if (!onednn_int8_products(p, x8, w, store, packed)) int8_products(p, x8, w, store);
 }
