@@ -37,7 +37,7 @@ void diff_heads_forward(const policy::simd& p, cview<T, 3> a, cview<T, 2> z, Ten
         row_map<A>(out.data(), D) = const_row_map<A>(a1, D) - lambda * const_row_map<A>(a2, D);
         from_accum(out.data(), D, o.data() + (m * h + i) * D);
       }
-  });
+  }, 2 * h * D);
 }
 
 // do[M, h, D] -> da[M, 2h, D], dz[M, h] (assign)
@@ -62,7 +62,7 @@ void diff_heads_backward(const policy::simd& p, cview<T, 3> a, cview<T, 2> z, cv
         from_accum(out.data(), D, da.data() + (m * 2 * h + 2 * i + 1) * D);
         dz(m, i) = store<T>(-lambda * (A(1) - lambda) * dot(grad, a2, D));
       }
-  });
+  }, 2 * h * D);
 }
 
 }  // namespace difftx
