@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
-#include <vector>
 
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm_blocks.hpp"
@@ -194,10 +193,7 @@ void reduced_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::
     for (index_t i = 0; i < M; ++i) split_pairs(x + i * K, K, xa + i * x_size);
   else
     to_accum(x, M * K, xa);
-  std::vector<index_t> rows;
-  for (const auto& part : parts) rows.push_back(part.rows);
-  for_each_gemv_slice(p, M, std::span<const index_t>(rows), W, [&](std::size_t k, index_t i, index_t j, index_t n) {
-    const auto& part = parts[k];
+  for_each_gemv_slice(p, M, parts, W, [&](const gemv_part<T>& part, index_t i, index_t j, index_t n) {
     A out[W];  // the slice's sums, converted into y on the thread that made them
     const auto sums = [&] {
       if constexpr (bf16_floats)
@@ -207,20 +203,6 @@ void reduced_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::
     sums();
     from_accum(out, n, part.y + i * part.rows + j);
   });
-}
-
-// Decoding's products of float16/bfloat16 x[M, K] (M ≤ gemv_max_rows) with
-// each part's w: bfloat16 on the dot-product instruction where the policy's
-// setting resolves to it (bf16_product.hpp), else converted in registers.
-template <class T>
-  requires(!std::is_same_v<T, accum_t<T>>)
-void reduced_decoding_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::span<const gemv_part<T>> parts) {
-#if DIFFTX_BF16_PAIRS
-  if constexpr (std::is_same_v<T, Eigen::bfloat16>)
-    if (p.bf16_product_used() == policy::bf16_product::dot_instructions)
-      return bf16_pair_gemv<avx512_bf16_pairs>(p, M, K, x, parts);
-#endif
-  reduced_gemv(p, M, K, x, parts);
 }
 
 // C = (C +) A · B with A and B converted to float while they are packed.
@@ -261,21 +243,15 @@ void converted_gemm(const policy::simd& p, index_t M, index_t N, index_t K, cons
                    });
 }
 
-// C[M, N] (=|+=) A[M, K] · B[K, N] for float16/bfloat16 storage: a few rows
-// of x · wᵀ as matrix-vector products; bfloat16 on the dot-product
-// instruction where the policy's setting resolves to it (bf16_product.hpp);
-// the rest converted while packed.
+// C[M, N] (=|+=) A[M, K] · B[K, N] for float16/bfloat16 storage: bfloat16 on
+// the dot-product instruction where the policy's setting resolves to it
+// (bf16_product.hpp), the rest converted while packed. (Decoding's few rows
+// of x · wᵀ go to decoding_gemv, linear.hpp, instead.)
 template <a_storage AS, b_storage BS, class T>
   requires(!std::is_same_v<T, accum_t<T>>)
 void reduced_gemm(const policy::simd& p, index_t M, index_t N, index_t K, const T* a, index_t lda, const T* b,
                   index_t ldb, T* c, index_t ldc, bool accumulate) {
   if (M == 0 || N == 0) return;
-  constexpr bool gemv_form = AS == a_storage::rows && BS == b_storage::columns;
-  const bool gemv = gemv_form && M <= gemv_max_rows && !accumulate && lda == K && ldb == K && ldc == N;
-  if (gemv) {
-    const gemv_part<T> part{b, N, c};
-    return reduced_decoding_gemv(p, M, K, a, std::span(&part, 1));
-  }
 #if DIFFTX_BF16_PAIRS
   if constexpr (std::is_same_v<T, Eigen::bfloat16>)
     if (p.bf16_product_used() == policy::bf16_product::dot_instructions)

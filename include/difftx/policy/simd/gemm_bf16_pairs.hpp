@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 #include "difftx/policy/simd/bf16_product.hpp"
 #include "difftx/policy/simd/common.hpp"
@@ -114,11 +113,8 @@ void bf16_pair_gemm(const policy::simd& p, index_t M, index_t N, index_t K, cons
 template <class Kernel>
 void bf16_pair_gemv(const policy::simd& p, index_t M, index_t K, const Eigen::bfloat16* x,
                     std::span<const gemv_part<Eigen::bfloat16>> parts) {
-  std::vector<index_t> rows;
-  for (const auto& part : parts) rows.push_back(part.rows);
-  for_each_gemv_slice(p, M, std::span<const index_t>(rows), Kernel::dot_rows,
-                      [&](std::size_t k, index_t i, index_t j, index_t n) {
-                        const auto& part = parts[k];
+  for_each_gemv_slice(p, M, parts, Kernel::dot_rows,
+                      [&](const gemv_part<Eigen::bfloat16>& part, index_t i, index_t j, index_t n) {
                         float out[Kernel::dot_rows];  // the slice's sums, converted into y on the thread that made them
                         Kernel::row_dots(x + i * K, part.w + j * K, K, n, K, out);
                         from_accum(out, n, part.y + i * part.rows + j);

@@ -175,6 +175,16 @@ void for_each_gemv_slice(const policy::simd& p, index_t M, std::span<const index
   }
 }
 
+// Over gemv_parts: row_dots(part, i, j, rows).
+template <class T, class RowDots>
+void for_each_gemv_slice(const policy::simd& p, index_t M, std::span<const gemv_part<T>> parts, index_t slice,
+                         RowDots&& row_dots) {
+  std::vector<index_t> rows;
+  for (const auto& part : parts) rows.push_back(part.rows);
+  for_each_gemv_slice(p, M, std::span<const index_t>(rows), slice,
+                      [&](std::size_t k, index_t i, index_t j, index_t n) { row_dots(parts[k], i, j, n); });
+}
+
 // One product: row_dots(i, j, rows).
 template <class RowDots>
 void for_each_gemv_slice(const policy::simd& p, index_t M, index_t N, index_t slice, RowDots&& row_dots) {

@@ -154,14 +154,27 @@ void panel_gemv(const policy::simd& p, index_t M, const T* x, const decoding_pan
 // each part's w: its rows streamed one after the other (streamed_dot).
 template <class T>
 void float_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::span<const gemv_part<T>> parts) {
-  std::vector<index_t> rows;
-  for (const auto& part : parts) rows.push_back(part.rows);
-  for_each_gemv_slice(p, M, std::span<const index_t>(rows), vec<T>::size,
-                      [&](std::size_t k, index_t i, index_t j, index_t n) {
-                        const auto& part = parts[k];
-                        for (index_t t = 0; t < n; ++t)
-                          part.y[i * part.rows + j + t] = streamed_dot(x + i * K, part.w + (j + t) * K, K);
-                      });
+  for_each_gemv_slice(p, M, parts, vec<T>::size, [&](const gemv_part<T>& part, index_t i, index_t j, index_t n) {
+    for (index_t t = 0; t < n; ++t) part.y[i * part.rows + j + t] = streamed_dot(x + i * K, part.w + (j + t) * K, K);
+  });
+}
+
+// Decoding's products of x[M, K] (M ≤ gemv_max_rows) with each part's w, in
+// any number type: float and double streamed (float_gemv); float16 and
+// bfloat16 on the dot-product instruction where the policy's setting
+// resolves to it (bf16_product.hpp), else converted in registers.
+template <class T>
+void decoding_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::span<const gemv_part<T>> parts) {
+  if constexpr (std::is_same_v<T, accum_t<T>>) {
+    float_gemv(p, M, K, x, parts);
+  } else {
+#if DIFFTX_BF16_PAIRS
+    if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+      if (p.bf16_product_used() == policy::bf16_product::dot_instructions)
+        return bf16_pair_gemv<avx512_bf16_pairs>(p, M, K, x, parts);
+#endif
+    reduced_gemv(p, M, K, x, parts);
+  }
 }
 
 // y[M, N] = x[M, K] · w[N, K]^T; packed: w's packed copy for oneDNN, or nullptr.
@@ -172,11 +185,11 @@ void float_linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w,
   detail::check_linear("linear_forward", memory_space::host, x, w, y, "y");
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
   if (onednn_linear_forward(p, x, w, y, packed)) return;
-  if constexpr (!std::is_same_v<T, A>) {
-    reduced_gemm<a_storage::rows, b_storage::columns>(p, M, N, K, x.data(), K, w.data(), K, y.data(), N, false);
-  } else if (M <= gemv_max_rows) {  // decoding
+  if (M <= gemv_max_rows) {  // decoding
     const gemv_part<T> part{w.data(), N, y.data()};
-    float_gemv(p, M, K, x.data(), std::span(&part, 1));
+    decoding_gemv(p, M, K, x.data(), std::span(&part, 1));
+  } else if constexpr (!std::is_same_v<T, A>) {
+    reduced_gemm<a_storage::rows, b_storage::columns>(p, M, N, K, x.data(), K, w.data(), K, y.data(), N, false);
   } else {
     matrix_map<A> Y(y.data(), M, N);
     const const_matrix_map<A> X(x.data(), M, K), W(w.data(), N, K);

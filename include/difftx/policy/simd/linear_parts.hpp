@@ -28,10 +28,7 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, std::span<const linear
   }
   std::vector<gemv_part<T>> gemv;
   for (const auto& part : parts) gemv.push_back({part.w->data(), part.w->extent(0), part.y.data()});
-  if constexpr (std::is_same_v<T, accum_t<T>>)
-    float_gemv(p, M, K, x.data(), std::span<const gemv_part<T>>(gemv));
-  else
-    reduced_decoding_gemv(p, M, K, x.data(), std::span<const gemv_part<T>>(gemv));
+  decoding_gemv(p, M, K, x.data(), std::span<const gemv_part<T>>(gemv));
 }
 
 // y_k[M, N_k] = (x[M, K] quantized per row) · w8_k[N_k, K]^T, scaled
