@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -166,6 +167,43 @@ TEST_CASE("sampler: greedy is the first largest logit; the same seed draws the s
                                    "finite", "token 1");
   test_support::expect_input_error([&] { greedy.next(std::span<const double>()); }, "token_sampler", "logits",
                                    "at least one", "empty");
+}
+
+TEST_CASE("sampler: greedy over a large vocabulary is the first largest logit wherever it lies, in every type") {
+  // Rows of 1 to 2000 tokens (one or more blocks, ragged tails), with the
+  // largest value repeated across and within blocks, at the tail, and rows of
+  // signed zeros; against the first largest as std::max_element finds it.
+  random_stream rng(11);
+  auto check_rows = [&]<class T>(T) {
+    for (const std::size_t n : {1, 7, 255, 256, 257, 600, 2000}) {
+      for (int layout = 0; layout < 5; ++layout) {
+        std::vector<T> logits(n);
+        for (auto& x : logits) x = T(static_cast<float>(rng.normal()));
+        const auto at = [&](double share) { return std::min(n - 1, static_cast<std::size_t>(share * double(n))); };
+        if (layout == 1) logits[at(0.9)] = logits[at(0.3)] = T(9.0f);  // a tie in two blocks: the earlier
+        if (layout == 2) logits[n - 1] = T(9.0f);                       // in the tail
+        if (layout == 3) logits[at(0.5)] = logits[std::min(n - 1, at(0.5) + 3)] = T(9.0f);  // a tie in one block
+        if (layout == 4)
+          for (std::size_t v = 0; v < n; ++v) logits[v] = T(v % 2 ? 0.0f : -0.0f);
+        const auto want = std::max_element(logits.begin(), logits.end(),
+                                           [](T a, T b) { return static_cast<double>(a) < static_cast<double>(b); });
+        INFO(scalar_traits<T>::name << ", " << n << " tokens, layout " << layout);
+        token_sampler greedy({});
+        CHECK(greedy.next(std::span<const T>(logits)) == static_cast<token_t>(want - logits.begin()));
+      }
+    }
+    // A non-finite logit in a later block is named, as the first one is.
+    std::vector<T> bad(1000, T(1.0f));
+    bad[700] = T(std::numeric_limits<float>::infinity());
+    bad[900] = T(std::numeric_limits<float>::quiet_NaN());
+    token_sampler greedy({});
+    test_support::expect_input_error([&] { greedy.next(std::span<const T>(bad)); }, "token_sampler", "logits",
+                                     "finite", "token 700");
+  };
+  check_rows(float{});
+  check_rows(double{});
+  check_rows(Eigen::bfloat16{});
+  check_rows(Eigen::half{});
 }
 
 TEST_CASE("sampler: the history is the prompt and the chosen tokens; penalties follow it step by step") {

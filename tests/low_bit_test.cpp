@@ -341,6 +341,53 @@ void check_int8_products_everywhere() {
 
 }  // namespace
 
+TEST_CASE("low-bit: int8 storage of a vector is the rule of ops/int8.hpp at every length and for every value") {
+  // The rule written out value by value: step = max|x| / 127, x8 = nearbyint(x · 127 / max|x|) (half to even);
+  // zeros give step 0, a NaN or an infinity anywhere a NaN step and zeros. Lengths around the 16 lanes the
+  // maximum is taken in, with the largest magnitude and the non-finite value in every lane and in the tail.
+  random_stream rng(21);
+  auto check = [&]<class A>(A) {
+    for (const index_t n : {1, 2, 15, 16, 17, 31, 32, 33, 100, 1024}) {
+      for (index_t special = -1; special < n; special += std::max<index_t>(1, n / 7)) {
+        for (int kind = 0; kind < 5; ++kind) {
+          std::vector<A> x(static_cast<std::size_t>(n));
+          for (auto& v : x) v = A(rng.normal());
+          if (special >= 0 && kind == 1) x[static_cast<std::size_t>(special)] = A(-40);  // the largest, negative
+          if (special >= 0 && kind == 2) x[static_cast<std::size_t>(special)] = std::numeric_limits<A>::infinity();
+          if (special >= 0 && kind == 3) x[static_cast<std::size_t>(special)] = std::numeric_limits<A>::quiet_NaN();
+          if (kind == 4) std::fill(x.begin(), x.end(), special % 2 ? A(0) : -A(0));
+          if (kind == 0 && n >= 4) x[0] = A(127), x[1] = A(0.5), x[2] = A(1.5), x[3] = A(-2.5);  // ties to even
+          A largest(0);
+          bool finite = true;
+          for (const A v : x) {
+            finite = finite && std::isfinite(v);
+            if (std::isfinite(v)) largest = std::max(largest, std::abs(v));
+          }
+          std::vector<std::int8_t> got(static_cast<std::size_t>(n), std::int8_t{99});
+          const A step = detail::quantize_int8(x.data(), n, got.data());
+          INFO(n << " values, special " << special << ", kind " << kind);
+          if (!finite) {
+            CHECK(std::isnan(step));
+          } else {
+            CHECK(step == largest / A(127));
+          }
+          for (index_t i = 0; i < n; ++i) {
+            const auto v = static_cast<std::size_t>(i);
+            const std::int8_t want = !finite || largest == A(0)
+                                         ? std::int8_t{0}
+                                         : static_cast<std::int8_t>(std::nearbyint(x[v] * (A(127) / largest)));
+            CHECK(got[v] == want);
+          }
+          if (kind == 0 && n >= 4) CHECK(std::vector<int>(got.begin(), got.begin() + 4) == std::vector<int>{127, 0, 2, -2});
+        }
+      }
+    }
+  };
+  check(float{});
+  check(double{});
+  check(static_cast<long double>(0));
+}
+
 TEST_CASE("low-bit: int8 products, every kernel against the exact sums") {
   check_int8_products_everywhere<simd_detail::portable_int8>();
   check_int8_products_everywhere<modelled_vnni_int8>();

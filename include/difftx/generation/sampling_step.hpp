@@ -12,7 +12,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -82,17 +84,40 @@ class candidate_set {
   // The most likely token of the row (the smallest id of equal logits), read
   // once and checked as assign checks it, keeping no candidates: greedy
   // decoding with no step, where copying a large vocabulary's row cost a
-  // decode step a few percent.
+  // decode step a few percent. Block by block: a block's largest logit is
+  // kept in lanes (a loop compilers vectorize, where a running index and a
+  // check per logit took 2% of a 375M decode step), the first block holding
+  // the row's largest wins, and that block is read again for its first index.
   template <class T>
   static token_t most_likely_of(std::span<const T> logits) {
     require_row(logits);
-    std::size_t best = 0;
-    double largest = finite_logit(logits, 0);
-    for (std::size_t v = 1; v < logits.size(); ++v)
-      if (const double x = finite_logit(logits, v); x > largest) {
-        largest = x;
-        best = v;
+    constexpr std::size_t block = 256, lanes = 8;
+    std::array<double, block> values;
+    double largest = -std::numeric_limits<double>::infinity();
+    std::size_t best_block = 0;
+    for (std::size_t b0 = 0; b0 < logits.size(); b0 += block) {
+      const std::size_t width = std::min(block, logits.size() - b0);
+      bool finite = true;
+      for (std::size_t i = 0; i < width; ++i) {
+        values[i] = scalar_traits<T>::to_double(logits[b0 + i]);
+        finite &= std::abs(values[i]) <= std::numeric_limits<double>::max();
       }
+      if (!finite)  // the first non-finite logit's error, as assign gives it
+        for (std::size_t v = b0; v < b0 + width; ++v) finite_logit(logits, v);
+      std::array<double, lanes> lane_largest;
+      lane_largest.fill(-std::numeric_limits<double>::infinity());
+      std::size_t i = 0;
+      for (; i + lanes <= width; i += lanes)
+        for (std::size_t l = 0; l < lanes; ++l)
+          lane_largest[l] = values[i + l] > lane_largest[l] ? values[i + l] : lane_largest[l];
+      for (; i < width; ++i) lane_largest[0] = std::max(lane_largest[0], values[i]);
+      if (const double in_block = *std::max_element(lane_largest.begin(), lane_largest.end()); in_block > largest) {
+        largest = in_block;
+        best_block = b0;
+      }
+    }
+    std::size_t best = best_block;
+    while (scalar_traits<T>::to_double(logits[best]) != largest) ++best;
     return static_cast<token_t>(best);
   }
 

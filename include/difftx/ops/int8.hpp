@@ -44,13 +44,29 @@ struct int8_kv {
 namespace detail {
 
 // x[0, n) as n int8 at out; returns the step (x_i ≈ step · out[i]).
+// The largest |x_i| is taken in lanes, a loop compilers vectorize (a running
+// maximum and a short-circuit check per value stayed scalar, 3 µs of every
+// decoded row of 1024); the maximum is exact, so the lanes change no bit.
 template <class A>
 A quantize_int8(const A* x, index_t n, std::int8_t* out) {
+  constexpr index_t lanes = 16;
+  A lane_largest[lanes] = {};
+  bool lane_finite[lanes];
+  std::fill(lane_finite, lane_finite + lanes, true);
+  const auto take = [&](index_t l, A value) {
+    const A magnitude = std::abs(value);
+    lane_finite[l] &= magnitude <= std::numeric_limits<A>::max();  // false for a NaN too
+    lane_largest[l] = magnitude > lane_largest[l] ? magnitude : lane_largest[l];
+  };
+  const index_t whole = n / lanes * lanes;
+  for (index_t i = 0; i < whole; i += lanes)
+    for (index_t l = 0; l < lanes; ++l) take(l, x[i + l]);
+  for (index_t l = 0; l < n - whole; ++l) take(l, x[whole + l]);
   A m(0);
   bool finite = true;
-  for (index_t i = 0; i < n; ++i) {
-    finite = finite && std::isfinite(x[i]);
-    m = std::max(m, std::abs(x[i]));
+  for (index_t l = 0; l < lanes; ++l) {
+    m = std::max(m, lane_largest[l]);
+    finite = finite && lane_finite[l];
   }
   if (!finite || m == A(0)) {
     std::fill(out, out + n, std::int8_t{0});
