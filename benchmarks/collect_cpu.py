@@ -219,6 +219,11 @@ def linear(raw, threads):
     return tables, {**by_dtype, "torch": span(torch_vs), "packed": span(packed_vs)}
 
 
+def spinning_share(path):
+    """The decode's share of its bound in a run with spinning threads, or "not run"."""
+    return f"{read_json_lines(path)['decode_share_of_bound']:.0%}" if os.path.exists(path) else "not run"
+
+
 def checkpoint(raw, threads):
     rows, prefill_x, decode_x = [], [], []
     model_line = ""
@@ -239,11 +244,13 @@ def checkpoint(raw, threads):
         rows.append([label, f"{d['prefill_tokens_per_s']:.0f}", f"{p_prefill:.0f}" if p else no_peer,
                      f"{d['decode_tokens_per_s']:.1f}", f"{p_decode:.1f}" if p else no_peer,
                      ratio(d["decode_tokens_per_s"], p_decode) if p else "n/a",
-                     f"{d['decode_share_of_bound']:.0%}" if "decode_share_of_bound" in d else "n/a"])
+                     f"{d['decode_share_of_bound']:.0%}" if "decode_share_of_bound" in d else "n/a",
+                     spinning_share(os.path.join(raw, f"difftx.{t}.spinning.json"))])
         if p and not model_line:
             model_line = f"{p['parameters'] / 1e6:.0f}M parameters; transformers {p['transformers']}, torch {p['torch']}"
     cmds = commands(raw, "make", "difftx.float32.json", "peer.float32.txt", "difftx.bfloat16.json", "peer.bfloat16.txt",
-                    "difftx.int8.json")
+                    "difftx.int8.json", "difftx.float32.spinning.json", "difftx.bfloat16.spinning.json",
+                    "difftx.int8.spinning.json")
     f32 = read_json_lines(os.path.join(raw, "difftx.float32.json"))
     prompt, new = f32["prompt_tokens"], f32["new_tokens"]
     tables = [table(f"A random DiffLlama folder shaped like a 375M Llama-3 model (C 1024, 16 layers, 16 heads "
@@ -252,10 +259,12 @@ def checkpoint(raw, threads):
                     f"random tokens in one prefill, then {new} greedy decode steps; medians of 3. transformers: "
                     f"`generate` with SDPA attention; its decode time is generate({new}) minus generate(1). "
                     f"\"of bound\": difftx's decode step time against the time this machine takes to read the "
-                    f"bytes a step must read (weights and cache), measured between steps.",
+                    f"bytes a step must read (weights and cache), measured between steps. \"spinning\": the "
+                    f"same share with OMP_WAIT_POLICY=active, idle threads spinning between the step's parallel "
+                    f"regions as libgomp's default waiting does for gaps of microseconds.",
                     ["dtype", "difftx prefill tokens/s", "transformers prefill tokens/s",
                      "difftx decode tokens/s", "transformers decode tokens/s", "decode: difftx / transformers",
-                     "difftx decode of bound"],
+                     "difftx decode of bound", "of bound, spinning"],
                     rows, cmds)]
     return tables, {"decode": span(decode_x), "prefill": span(prefill_x)}
 
