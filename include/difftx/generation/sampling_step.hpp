@@ -92,26 +92,24 @@ class candidate_set {
   template <class T>
   static token_t most_likely_of(std::span<const T> logits) {
     require_row(logits);
-    constexpr std::size_t block = 256, lanes = 8;
-    std::array<double, block> values;
+    constexpr std::size_t block = 256, lanes = 16;
     double largest = -std::numeric_limits<double>::infinity();
     std::size_t best_block = 0;
     for (std::size_t b0 = 0; b0 < logits.size(); b0 += block) {
       const std::size_t width = std::min(block, logits.size() - b0);
-      bool finite = true;
-      for (std::size_t i = 0; i < width; ++i) {
-        values[i] = scalar_traits<T>::to_double(logits[b0 + i]);
-        finite &= std::abs(values[i]) <= std::numeric_limits<double>::max();
-      }
-      if (!finite)  // the first non-finite logit's error, as assign gives it
-        for (std::size_t v = b0; v < b0 + width; ++v) finite_logit(logits, v);
-      std::array<double, lanes> lane_largest;
+      std::array<double, lanes> lane_largest, lane_check{};  // lane_check: a sum of x - x, NaN after a non-finite x
       lane_largest.fill(-std::numeric_limits<double>::infinity());
-      std::size_t i = 0;
-      for (; i + lanes <= width; i += lanes)
-        for (std::size_t l = 0; l < lanes; ++l)
-          lane_largest[l] = values[i + l] > lane_largest[l] ? values[i + l] : lane_largest[l];
-      for (; i < width; ++i) lane_largest[0] = std::max(lane_largest[0], values[i]);
+      const auto take = [&](std::size_t l, std::size_t v) {
+        const double x = scalar_traits<T>::to_double(logits[v]);
+        lane_check[l] += x - x;
+        lane_largest[l] = x > lane_largest[l] ? x : lane_largest[l];
+      };
+      const std::size_t whole = width / lanes * lanes;
+      for (std::size_t i = 0; i < whole; i += lanes)
+        for (std::size_t l = 0; l < lanes; ++l) take(l, b0 + i + l);
+      for (std::size_t l = 0; l < width - whole; ++l) take(l, b0 + whole + l);
+      if (std::any_of(lane_check.begin(), lane_check.end(), [](double c) { return c != 0; }))
+        for (std::size_t v = b0; v < b0 + width; ++v) finite_logit(logits, v);  // the first non-finite's error
       if (const double in_block = *std::max_element(lane_largest.begin(), lane_largest.end()); in_block > largest) {
         largest = in_block;
         best_block = b0;
