@@ -151,10 +151,10 @@ measure() {  # question: its commands, outputs under $work/<question>
       # The share again with threads that spin between parallel regions, as libgomp's default waiting does
       # for gaps of microseconds (a decode step opens about a hundred regions; a sleeping thread's wake-up
       # is paid at each).
-      for t in float32 bfloat16 int8; do
-        weights=same && [ $t = int8 ] && weights=int8
-        run "$o/difftx.$t.spinning.json" env OMP_WAIT_POLICY=active "$difftx" bench --model "$ckpt" --seq 512 \
-          --new-tokens 32 --repeats 3 --dtype "${t/int8/float32}" --weights-dtype $weights --threads "$THREADS" --json
+      for row in "float32 float32 same" "bfloat16 bfloat16 same" "int8 float32 int8"; do  # name, dtype, weights
+        read -r name dtype weights <<<"$row"
+        run "$o/difftx.$name.spinning.json" env OMP_WAIT_POLICY=active "$difftx" bench --model "$ckpt" --seq 512 \
+          --new-tokens 32 --repeats 3 --dtype "$dtype" --weights-dtype "$weights" --threads "$THREADS" --json
       done ;;
     generation)  # the sampler chain at V = 128256; 8 prompts at once against one at a time, and transformers'
       big_checkpoint "$1" || return 1
