@@ -50,6 +50,7 @@ CHECKS = [
     ("nccl_test", "the NCCL suite on one rank", f"{BUILD}/tests/nccl_test"),
     ("cli_test_gpu", "the tool's gpu cases", f'{BUILD}/tests/cli_test "--test-case=cli gpu:*"'),
     ("check", "`difftx check` with its cuda rows", f"{BUILD}/tools/difftx check"),
+    ("pytest_cuda", "the PyTorch extension's CUDA tests", "python3 -m pytest -q python/tests/test_cuda.py"),
     ("memcheck", "compute-sanitizer memcheck over cuda_test",
      f"compute-sanitizer --tool memcheck --error-exitcode 1 {BUILD}/tests/cuda_test"),
     ("racecheck", "compute-sanitizer racecheck over cuda_test (difftx's kernels, not cuDNN's)",
@@ -193,15 +194,18 @@ def checks(logs, runs):
             continue
         status, seconds = runs.get(name, (None, None))
         found = []
+        # A sanitizer's log holds one report per process (DIFFTX_SANITIZER_JOBS): their counts add up.
         if m := re.findall(r"\[doctest\] test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed", text or ""):
-            total, ok, bad = m[-1]
-            found.append(f"{ok} of {total} test cases passed" + (f", {bad} failed" if int(bad) else ""))
+            total, ok, bad = (sum(int(x[i]) for x in m) for i in range(3))
+            found.append(f"{ok} of {total} test cases passed" + (f", {bad} failed" if bad else ""))
+        if m := re.findall(r"^=*\s*(.*\d+ (?:passed|failed).*?) in [\d.]+s", text or "", re.M):  # pytest's last line
+            found.append(m[-1].strip())
         if m := re.findall(r"(\d+) of (\d+) checks pass", text or ""):
             found.append(f"{m[-1][0]} of {m[-1][1]} checks pass")
         if m := re.findall(r"RACECHECK SUMMARY: (\d+) hazards? displayed", text or ""):
-            found.append(f"{m[-1]} hazards")
+            found.append(f"{sum(map(int, m))} hazards")
         elif m := re.findall(r"ERROR SUMMARY: (\d+) errors?", text or ""):
-            found.append(f"{m[-1]} errors")
+            found.append(f"{sum(map(int, m))} errors")
         if status == 124:
             found.append("stopped at DIFFTX_STEP_LIMIT")
         result = "; ".join(found) or ("no log" if text is None else "no summary in its log")

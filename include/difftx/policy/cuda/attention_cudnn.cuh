@@ -17,6 +17,16 @@
 // dO_2 and dlambda = -sum(dO ⊙ O_2) come from one pass over o, o2 and dO
 // (differential_backward_operands).
 //
+// Where the heads are not grouped (G = H) and the batch is dense, both maps
+// go in one call instead (maps_as_heads in the graph's key): Q and K as
+// [B, H·Maps, N, d] (head j is map j % 2 of head j / 2: a head stride of d),
+// V's H heads each serving its two, O of both maps into a scratch
+// [B, N, H, Maps, dv] and Stats into lse [B, H·Maps, N] as it is. One call
+// fills the GPU with twice the heads, and the backward needs no copy of the
+// statistics and no dV sum of ours: cuDNN sums dV over the query heads that
+// share a value head. Grouped heads keep the call per map: their maps cannot
+// be laid out as heads whose key head is cuDNN's head j / (H/G).
+//
 // Views, as [batch, head, token, width] with strides in elements (map m's
 // offset m·d on q and k, m·N on lse, goes on the pointer):
 //   Q_m  in q [B, N, H, Maps, d]:  (N·H·Maps·d, Maps·d, H·Maps·d, 1)
@@ -122,13 +132,15 @@ inline void run_cudnn_graph(const policy::cuda& p, const cudnn_attention_graph& 
 
 // s: the call's shape (for a packed batch, the whole batch as one sequence:
 // B = 1, N = total); ragged: the packed batch's sequences, or none.
+// maps_as_heads: both maps in one graph (dense only).
 template <class T>
-cudnn_attention_key cudnn_key_of(const attention_shape& s, int maps, bool backward, const cudnn_ragged_batch* ragged) {
+cudnn_attention_key cudnn_key_of(const attention_shape& s, int maps, bool backward, const cudnn_ragged_batch* ragged,
+                                 bool maps_as_heads = false) {
   const bool bfloat16 = std::is_same_v<T, Eigen::bfloat16>;
   if (ragged)
     return {bfloat16, s.causal, backward, true, ragged->sequences, ragged->padded_length, s.H, s.G, maps, s.d, s.dv,
             ragged->token_capacity};
-  return {bfloat16, s.causal, backward, false, s.B, s.N, s.H, s.G, maps, s.d, s.dv};
+  return {bfloat16, s.causal, backward, false, s.B, s.N, s.H, s.G, maps, s.d, s.dv, 0, maps_as_heads};
 }
 
 // Writes a packed batch's lengths and offsets on the device, for a call of
@@ -191,6 +203,40 @@ void for_each_ragged_statistic(const policy::cuda& p, cudnn_ragged_batch& ragged
   });
 }
 
+// Whether a differential call can put both maps in one graph (maps_as_heads).
+inline bool cudnn_maps_fit_as_heads(const attention_shape& s, sequence_offsets cu_seqlens) {
+  return cu_seqlens.empty() && s.G == s.H;
+}
+
+// The differential forward as one call of 2H heads (cudnn_maps_fit_as_heads):
+// q [B,N,H,2,d], k [B,N,H,2,d], v [B,N,H,dv] -> o [B,N,H,dv], o2, lse [B,H,2,N].
+// false where cuDNN refuses the graph (nothing written).
+template <class T>
+bool cudnn_maps_as_heads_forward(const policy::cuda& p, const attention_shape& s, const T* q, const T* k, const T* v,
+                                 const accum_t<T>* lambda, T* o, T* o2, accum_t<T>* lse) {
+  using DT = device_t<T>;
+  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, 2, false, nullptr, true));
+  if (!cudnn_took(*graph)) return false;
+  const long long rows = static_cast<long long>(s.B) * s.N * s.H, dv = s.dv;
+  Tensor<T, 1> maps_out({2 * rows * dv}, p.memory());  // [B, N, H, 2, dv]: O_1 then O_2 of each head
+  run_cudnn_graph(p, *graph, nullptr,
+                  {{q_uid, const_cast<T*>(q)},  // the variant pack takes void*; cuDNN only reads its inputs
+                   {k_uid, const_cast<T*>(k)},
+                   {v_uid, const_cast<T*>(v)},
+                   {o_uid, maps_out.data()},
+                   {stats_uid, lse}});
+  DT* op = device_pointer(o);
+  DT* o2p = device_pointer(o2);
+  const DT* both = device_pointer(maps_out.data());
+  launch_for_each(p, rows * dv, [=] __device__(long long i) {
+    const long long first = i / dv * 2 * dv + i % dv;
+    const DT second = both[first + dv];
+    o2p[i] = second;
+    op[i] = from_accum<DT>(to_accum(both[first]) - *lambda * to_accum(second));
+  });
+  return true;
+}
+
 // q [B,N,H,Maps,d], k [B,N,G,Maps,d], v [B,N,G,dv] -> o [B,N,H,dv]; saved o2 (Maps = 2), lse [B,H,Maps,N].
 // A packed batch: B = 1, N = total, cu_seqlens its offsets (checked by the
 // caller; empty for a dense batch), lse in per-sequence blocks. false where
@@ -199,6 +245,9 @@ template <int Maps, class T>
 bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, sequence_offsets cu_seqlens, const T* q,
                              const T* k, const T* v, const accum_t<T>* lambda, T* o, T* o2, accum_t<T>* lse) {
   using A = accum_t<T>;
+  if constexpr (Maps == 2)
+    if (cudnn_maps_fit_as_heads(s, cu_seqlens) && cudnn_maps_as_heads_forward(p, s, q, k, v, lambda, o, o2, lse))
+      return true;
   auto call = prepare_cudnn_call<T>(p, s, Maps, false, cu_seqlens);
   if (!cudnn_took(*call.graph)) return false;
   const auto& graph = call.graph;
@@ -232,11 +281,14 @@ bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, se
 }
 
 constexpr int operand_warps = 8;  // rows a block of differential_backward_operands
-// A differential backward's inputs to cuDNN's two calls, in one pass over the
-// rows of o, o2 and dO [rows, dv], a warp a row, 16 bytes at a time (dv % 8 == 0
-// and 16-byte starts: cudnn_applies): map 1's output O_1 = o + λ o2, map 2's
+// A differential backward's inputs to cuDNN, in one pass over the rows of o,
+// o2 and dO [rows, dv], a warp a row, 16 bytes at a time (dv % 8 == 0 and
+// 16-byte starts: cudnn_applies): map 1's output O_1 = o + λ o2, map 2's
 // upstream gradient dO_2 = -λ dO, and dλ = -Σ dO ⊙ O_2, added into *dlambda.
-template <class DT>
+// For the call per map, O_1 into o1 and dO_2 into d_o2 [rows, dv]; for the
+// one call of both maps (MapsAsHeads), each map's output and upstream
+// gradient as that call's heads: o1 = (O_1, O_2), d_o2 = (dO, dO_2) [rows, 2, dv].
+template <class DT, bool MapsAsHeads>
 __global__ void __launch_bounds__(operand_warps * 32)
     differential_backward_operands(const DT* o, const DT* o2, const DT* d_o, const float* lambda, long long rows,
                                    int dv, DT* o1, DT* d_o2, float* dlambda) {
@@ -249,7 +301,7 @@ __global__ void __launch_bounds__(operand_warps * 32)
   const float lam = *lambda;
   float dot = 0;
   if (in_range) {
-    const long long start = row * dv;
+    const long long start = row * dv, out_start = MapsAsHeads ? 2 * start : start;
     for (int c = static_cast<int>(threadIdx.x % 32) * width; c < dv; c += 32 * width) {
       const pack out = *reinterpret_cast<const pack*>(o + start + c);
       const pack second = *reinterpret_cast<const pack*>(o2 + start + c);
@@ -262,12 +314,48 @@ __global__ void __launch_bounds__(operand_warps * 32)
         first.v[e] = from_accum<DT>(to_accum(out.v[e]) + lam * o2_value);
         grad_second.v[e] = from_accum<DT>(-lam * g);
       }
-      *reinterpret_cast<pack*>(o1 + start + c) = first;
-      *reinterpret_cast<pack*>(d_o2 + start + c) = grad_second;
+      *reinterpret_cast<pack*>(o1 + out_start + c) = first;
+      if constexpr (MapsAsHeads) {
+        *reinterpret_cast<pack*>(o1 + out_start + dv + c) = second;
+        *reinterpret_cast<pack*>(d_o2 + out_start + c) = grad;
+        *reinterpret_cast<pack*>(d_o2 + out_start + dv + c) = grad_second;
+      } else {
+        *reinterpret_cast<pack*>(d_o2 + out_start + c) = grad_second;
+      }
     }
     dot = warp_sum(dot);
   }
   block_atomic_add(dlambda, -dot, in_range);
+}
+
+// The differential backward as one call of 2H heads (cudnn_maps_fit_as_heads):
+// do [B,N,H,dv] -> dq [B,N,H,2,d], dk [B,N,H,2,d], dv [B,N,H,dv], dlambda, all
+// assigned. false where cuDNN refuses the graph (nothing written).
+template <class T>
+bool cudnn_maps_as_heads_backward(const policy::cuda& p, const attention_shape& s, const T* q, const T* k, const T* v,
+                                  const accum_t<T>* lambda, const T* o, const T* o2, const accum_t<T>* lse,
+                                  const T* d_o, T* dq, T* dk, T* dv, accum_t<T>* dlambda) {
+  using DT = device_t<T>;
+  const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, 2, true, nullptr, true));
+  if (!cudnn_took(*graph)) return false;
+  const long long rows = static_cast<long long>(s.B) * s.N * s.H;
+  Tensor<T, 1> maps_out({2 * rows * s.dv}, p.memory()), maps_grad({2 * rows * s.dv}, p.memory());  // [B,N,H,2,dv]
+  DIFFTX_CUDA_CHECK(cudaMemsetAsync(dlambda, 0, sizeof(accum_t<T>), p.stream()));
+  differential_backward_operands<DT, true><<<blocks_for(rows, operand_warps), operand_warps * 32, 0, p.stream()>>>(
+      device_pointer(o), device_pointer(o2), device_pointer(d_o), lambda, rows, s.dv, device_pointer(maps_out.data()),
+      device_pointer(maps_grad.data()), dlambda);
+  DIFFTX_CUDA_CHECK(cudaGetLastError());
+  run_cudnn_graph(p, *graph, nullptr,
+                  {{q_uid, const_cast<T*>(q)},  // the variant pack takes void*; cuDNN only reads its inputs
+                   {k_uid, const_cast<T*>(k)},
+                   {v_uid, const_cast<T*>(v)},
+                   {o_uid, maps_out.data()},
+                   {stats_uid, const_cast<accum_t<T>*>(lse)},
+                   {d_o_uid, maps_grad.data()},
+                   {dq_uid, dq},
+                   {dk_uid, dk},
+                   {dv_uid, dv}});
+  return true;
 }
 
 // do [B,N,H,dv] -> dq, dk, dv assigned; dlambda assigned (Maps = 2); a packed
@@ -278,6 +366,10 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, s
                               const accum_t<T>* lse, const T* d_o, T* dq, T* dk, T* dv, accum_t<T>* dlambda) {
   using DT = device_t<T>;
   using A = accum_t<T>;
+  if constexpr (Maps == 2)
+    if (cudnn_maps_fit_as_heads(s, cu_seqlens) &&
+        cudnn_maps_as_heads_backward(p, s, q, k, v, lambda, o, o2, lse, d_o, dq, dk, dv, dlambda))
+      return true;
   auto call = prepare_cudnn_call<T>(p, s, Maps, true, cu_seqlens);
   if (!cudnn_took(*call.graph)) return false;
   const auto& graph = call.graph;
@@ -313,7 +405,7 @@ bool cudnn_attention_backward(const policy::cuda& p, const attention_shape& s, s
     Tensor<T, 1> o1({n}, p.memory()), d_o2({n}, p.memory());
     Tensor<T, 1> dv2({static_cast<index_t>(s.B) * s.N * s.G * s.dv}, p.memory());
     DIFFTX_CUDA_CHECK(cudaMemsetAsync(dlambda, 0, sizeof(A), p.stream()));
-    differential_backward_operands<DT><<<blocks_for(rows, operand_warps), operand_warps * 32, 0, p.stream()>>>(
+    differential_backward_operands<DT, false><<<blocks_for(rows, operand_warps), operand_warps * 32, 0, p.stream()>>>(
         device_pointer(o), device_pointer(o2), device_pointer(d_o), lambda, rows, s.dv, device_pointer(o1.data()),
         device_pointer(d_o2.data()), dlambda);
     DIFFTX_CUDA_CHECK(cudaGetLastError());

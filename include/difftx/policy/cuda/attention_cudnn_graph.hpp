@@ -35,6 +35,10 @@ struct cudnn_attention_key {
   bool bfloat16 = false, causal = false, backward = false, ragged = false;
   std::int64_t B = 0, N = 0, H = 0, G = 0, maps = 0, d = 0, dv = 0;
   std::int64_t token_capacity = 0;  // ragged: B sequences padded to N, at most this many tokens in all
+  // Both maps of every head in one graph of H·Maps heads (dense, G = H):
+  // head j of the graph is map j % Maps of head j / Maps, all of them on the
+  // one V of its head, so cuDNN's backward sums dV over the maps itself.
+  bool maps_as_heads = false;
   auto operator<=>(const cudnn_attention_key&) const = default;
 };
 

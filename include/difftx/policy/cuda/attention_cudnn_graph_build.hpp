@@ -1,8 +1,8 @@
 // cuDNN's side of policy::cuda's cuDNN attention: the handle, and the graphs
 // themselves, built as cudnn-frontend's SDPA samples build theirs, behind the
 // three functions attention_cudnn_graph.hpp declares. One graph computes one
-// map of a differential head (the file's header comment in
-// attention_cudnn.cuh has the views): a forward builder
+// map of every head, or both maps as heads of their own (the file's header
+// comment in attention_cudnn.cuh has the views): a forward builder
 // (declare_attention_forward) and a backward one (declare_attention_backward)
 // over the same tensor declarations (cudnn_attention_layouts: Q, K, V, O and
 // the statistics with their strides, dense or ragged;
@@ -87,22 +87,27 @@ struct cudnn_tensor_layout {
   std::vector<std::int64_t> dim, stride;
 };
 
-// The layouts of one map's tensors for a graph of this key.
+// The layouts of a graph's tensors for its key: one map's, or with
+// maps_as_heads every map's as heads of their own.
 struct cudnn_attention_layouts {
   cudnn_tensor_layout q, k, v, o, stats;
   explicit cudnn_attention_layouts(const cudnn_attention_key& key) {
     const std::int64_t B = key.B, N = key.N, H = key.H, G = key.G, M = key.maps, d = key.d, dv = key.dv;
-    q = {{B, H, N, d}, {N * H * M * d, M * d, H * M * d, 1}};
-    k = {{B, G, N, d}, {N * G * M * d, M * d, G * M * d, 1}};
+    // The graph's heads per head of the layer, and the step from one to the next in q and k.
+    const std::int64_t per_head = key.maps_as_heads ? M : 1, head_step = key.maps_as_heads ? d : M * d;
+    const std::int64_t Hg = H * per_head;
+    q = {{B, Hg, N, d}, {N * H * M * d, head_step, H * M * d, 1}};
+    k = {{B, G * per_head, N, d}, {N * G * M * d, head_step, G * M * d, 1}};
     v = {{B, G, N, dv}, {N * G * dv, dv, G * dv, 1}};
-    o = {{B, H, N, dv}, {N * H * dv, dv, H * dv, 1}};
-    // The dense forward writes map m's statistics into lse [B, H, Maps, N]; the
-    // dense backward reads them packed [B, H, N] (cuDNN before 9.26 takes no
-    // other layout there), copied out by cudnn_attention_backward; a ragged
-    // graph reads and writes [total, H] rows.
-    stats = {{B, H, N, 1}, key.ragged     ? std::vector<std::int64_t>{N * H, 1, H, 1}
-                           : key.backward ? std::vector<std::int64_t>{H * N, N, 1, 1}
-                                          : std::vector<std::int64_t>{H * M * N, M * N, 1, 1}};
+    o = {{B, Hg, N, dv}, {N * Hg * dv, dv, Hg * dv, 1}};
+    // The dense forward of one map writes its statistics into lse [B, H, Maps, N];
+    // the dense backward of one map reads them packed [B, H, N] (cuDNN before
+    // 9.26 takes no other layout there), copied out by cudnn_attention_backward;
+    // with maps_as_heads lse [B, H, Maps, N] is [B, H·Maps, N] packed both
+    // ways; a ragged graph reads and writes [total, H] rows.
+    stats = {{B, Hg, N, 1}, key.ragged                            ? std::vector<std::int64_t>{N * H, 1, H, 1}
+                            : key.backward || key.maps_as_heads ? std::vector<std::int64_t>{Hg * N, N, 1, 1}
+                                                                : std::vector<std::int64_t>{H * M * N, M * N, 1, 1}};
   }
 };
 
@@ -183,7 +188,7 @@ inline cudnn_attention_inputs declare_attention_inputs(cudnn_graph_builder& g) {
   return in;
 }
 
-// The forward graph of one map: O and its statistics (the natural-log
+// The forward graph of one map (or of both, as heads): O and its statistics (the natural-log
 // log-sum-exp of each row) from Q, K and V.
 inline void declare_attention_forward(cudnn_graph_builder& g) {
   const cudnn_attention_inputs in = declare_attention_inputs(g);
@@ -199,7 +204,7 @@ inline void declare_attention_forward(cudnn_graph_builder& g) {
   stats->set_data_type(fe::DataType_t::FLOAT);
 }
 
-// The backward graph of one map: dQ, dK and dV from Q, K, V, O, dO and the
+// The backward graph of one map (or of both, as heads): dQ, dK and dV from Q, K, V, O, dO and the
 // forward's statistics.
 inline void declare_attention_backward(cudnn_graph_builder& g) {
   const cudnn_attention_inputs in = declare_attention_inputs(g);
