@@ -39,6 +39,10 @@ void time_on_stream(benchmark::State& state, const policy::cuda& p, Step step) {
   cudaEvent_t start, stop;
   DIFFTX_CUDA_CHECK(cudaEventCreate(&start));
   DIFFTX_CUDA_CHECK(cudaEventCreate(&stop));
+  // Scratch freed in one iteration stays mapped for the next, as in PyTorch's
+  // caching allocator: the device's default pool would hand it back at each
+  // iteration's synchronisation and map it again in the next.
+  p.context->keep_freed_memory();
   step();  // warm-up: allocations, cuBLASLt heuristics
   p.context->synchronize();
   for (auto _ : state) {

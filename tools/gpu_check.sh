@@ -166,7 +166,7 @@ for step in "${steps[@]}"; do
       for op in diff_attention attention; do
         run "ncu_$op" ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 30 \
           "$build/benchmarks/difftx_cuda_bench" \
-          "--benchmark_filter=^op:$op/cuda/bfloat16/forward_backward/C:3072/N:4096/attention:cudnn\$"
+          "--benchmark_filter=^op:$op/cuda/bfloat16/forward_backward/C:3072/N:4096/attention:cudnn/"
       done
       ;;
   esac

@@ -209,8 +209,8 @@ difftx::rope_table<accum_t<T>> table_of(const tensor_ref& cos, const tensor_ref&
 
 // Each of the module's parameters, in multihead_parameter_names' order.
 template <class Module>
-std::vector<difftx::parameter_ref<typename Module::value_type>> named_parameters(Module& module) {
-  auto all = module.parameters();
+std::vector<difftx::parameter_ref<typename Module::value_type>> named_parameters(Module& layer) {
+  auto all = layer.parameters();
   std::vector<difftx::parameter_ref<typename Module::value_type>> ordered;
   for (const char* name : multihead_parameter_names)
     for (auto& p : all)
@@ -236,8 +236,8 @@ std::unique_ptr<saved_state> kernels<T, Device>::multihead_forward(const executi
                                 .subln_eps = c.subln_eps},
         s.p);
   });
-  auto& [module, saved] = *state->leased;
-  const auto targets = named_parameters(*module);
+  auto& [layer, saved] = *state->leased;  // not `module`: nvcc warns (3189) at a line starting with it
+  const auto targets = named_parameters(*layer);
   difftx::require(targets.size() == parameters.size(), "difftx extension", "parameters",
                   [&] { return std::to_string(targets.size()) + " tensors"; },
                   [&] { return std::to_string(parameters.size()); });
@@ -245,7 +245,7 @@ std::unique_ptr<saved_state> kernels<T, Device>::multihead_forward(const executi
     const auto source = view<const T, 1, Device>(parameters[i], {targets[i].size()});
     targets[i].memory->copy(targets[i].value, source.data(), static_cast<std::size_t>(source.size()) * sizeof(T));
   }
-  module->forward(view<const T, 3, Device>(x), view<T, 3, Device>(y), saved, {}, table_of<T, Device>(cos, sin));
+  layer->forward(view<const T, 3, Device>(x), view<T, 3, Device>(y), saved, {}, table_of<T, Device>(cos, sin));
   return state;
 }
 
@@ -256,12 +256,12 @@ bool kernels<T, Device>::multihead_backward(const execution& e, saved_state& sta
   auto* ours = dynamic_cast<multihead_state<T, Device>*>(&state);
   if (!ours) return false;
   typename device_traits<Device>::session s(e);
-  auto& [module_pointer, saved] = *ours->leased;
-  auto& module = *module_pointer;
-  difftx::zero_grad(module);
-  module.backward(view<const T, 3, Device>(x), view<const T, 3, Device>(dy), saved, view<T, 3, Device>(dx),
-                  table_of<T, Device>(cos, sin));
-  const auto sources = named_parameters(module);
+  auto& [layer_pointer, saved] = *ours->leased;
+  auto& layer = *layer_pointer;
+  difftx::zero_grad(layer);
+  layer.backward(view<const T, 3, Device>(x), view<const T, 3, Device>(dy), saved, view<T, 3, Device>(dx),
+                 table_of<T, Device>(cos, sin));
+  const auto sources = named_parameters(layer);
   difftx::require(sources.size() == gradients.size(), "difftx extension", "gradients",
                   [&] { return std::to_string(sources.size()) + " tensors"; },
                   [&] { return std::to_string(gradients.size()); });

@@ -18,7 +18,7 @@ def make_inputs(batch, queries, keys, heads, groups, d, *, dtype=torch.float64, 
 def output_and_gradients(fn, inputs, seed=1):
     """fn(*inputs) and the gradients of <fn(*inputs), dO> for every input, dO normal (fixed seed)."""
     out = fn(*inputs)
-    d_o = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.dtype)
+    d_o = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.device, out.dtype)
     return [out.detach()] + [g.detach() for g in torch.autograd.grad(out, inputs, d_o)]
 
 

@@ -21,13 +21,13 @@ def diff_attention(q, k, v, lam, causal=True, scale=None):
     m, kv2 = k.shape[1], k.shape[2]
     h, g = heads2 // 2, kv2 // 2
     s = d ** -0.5 if scale is None else scale
-    group = torch.arange(h) // (h // g)
+    group = torch.arange(h, device=q.device) // (h // g)
     qh = q.view(b, n, h, 2, d)
     kh = k.view(b, m, g, 2, d)[:, :, group]  # [B, M, h, 2, d]
     vh = v[:, :, group]                       # [B, M, h, 2d]
     scores = torch.einsum("bnhmc,bthmc->bhmnt", qh, kh) * s
     if causal:
-        hidden = torch.arange(m)[None, :] > torch.arange(n)[:, None] + (m - n)
+        hidden = torch.arange(m, device=q.device)[None, :] > torch.arange(n, device=q.device)[:, None] + (m - n)
         scores = scores.masked_fill(hidden, float("-inf"))
     a = torch.softmax(scores, dim=-1, dtype=torch.float32 if q.dtype != torch.float64 else None).to(q.dtype)
     lam_h = lam.reshape(-1).expand(h)
@@ -48,7 +48,7 @@ def sdpa_recipe(q, k, v, lam, causal=True):
     n_keys = k.shape[1]
     mask = None
     if causal and n_keys != n:  # the queries are the last N positions
-        mask = torch.arange(n_keys)[None, :] <= torch.arange(n)[:, None] + (n_keys - n)
+        mask = torch.arange(n_keys, device=q.device)[None, :] <= torch.arange(n, device=q.device)[:, None] + (n_keys - n)
     o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and n_keys == n)
     o = o.transpose(1, 2).reshape(b, n, h, 2, 2 * d)
     return o[:, :, :, 0] - lam.reshape(-1, 1) * o[:, :, :, 1]

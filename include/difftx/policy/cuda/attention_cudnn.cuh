@@ -203,6 +203,36 @@ void for_each_ragged_statistic(const policy::cuda& p, cudnn_ragged_batch& ragged
   });
 }
 
+constexpr int operand_warps = 8;  // rows a block of the passes below
+// 16 bytes of a row, the unit those passes read and write (dv % 8 == 0 and
+// 16-byte starts: cudnn_applies).
+template <class DT>
+struct alignas(16) row_pack {
+  DT v[16 / sizeof(DT)];
+};
+
+// The one call's outputs maps_out [rows, 2, dv] (O_1, O_2 of each head) ->
+// o = O_1 - λ O_2 and o2 = O_2 [rows, dv], a warp a row, 16 bytes at a time.
+template <class DT>
+__global__ void __launch_bounds__(operand_warps * 32)
+    differential_forward_outputs(const DT* maps_out, const float* lambda, long long rows, int dv, DT* o, DT* o2) {
+  constexpr int width = 16 / sizeof(DT);
+  using pack = row_pack<DT>;
+  const long long row = blockIdx.x * static_cast<long long>(operand_warps) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const float lam = *lambda;
+  const DT* maps = maps_out + 2 * row * dv;
+  for (int c = static_cast<int>(threadIdx.x % 32) * width; c < dv; c += 32 * width) {
+    const pack first = *reinterpret_cast<const pack*>(maps + c);
+    const pack second = *reinterpret_cast<const pack*>(maps + dv + c);
+    pack out;
+#pragma unroll
+    for (int e = 0; e < width; ++e) out.v[e] = from_accum<DT>(to_accum(first.v[e]) - lam * to_accum(second.v[e]));
+    *reinterpret_cast<pack*>(o + row * dv + c) = out;
+    *reinterpret_cast<pack*>(o2 + row * dv + c) = second;
+  }
+}
+
 // Whether a differential call can put both maps in one graph (maps_as_heads).
 inline bool cudnn_maps_fit_as_heads(const attention_shape& s, sequence_offsets cu_seqlens) {
   return cu_seqlens.empty() && s.G == s.H;
@@ -217,23 +247,17 @@ bool cudnn_maps_as_heads_forward(const policy::cuda& p, const attention_shape& s
   using DT = device_t<T>;
   const auto graph = cudnn_attention_graph_for(p, cudnn_key_of<T>(s, 2, false, nullptr, true));
   if (!cudnn_took(*graph)) return false;
-  const long long rows = static_cast<long long>(s.B) * s.N * s.H, dv = s.dv;
-  Tensor<T, 1> maps_out({2 * rows * dv}, p.memory());  // [B, N, H, 2, dv]: O_1 then O_2 of each head
+  const long long rows = static_cast<long long>(s.B) * s.N * s.H;
+  Tensor<T, 1> maps_out({2 * rows * s.dv}, p.memory());  // [B, N, H, 2, dv]: O_1 then O_2 of each head
   run_cudnn_graph(p, *graph, nullptr,
                   {{q_uid, const_cast<T*>(q)},  // the variant pack takes void*; cuDNN only reads its inputs
                    {k_uid, const_cast<T*>(k)},
                    {v_uid, const_cast<T*>(v)},
                    {o_uid, maps_out.data()},
                    {stats_uid, lse}});
-  DT* op = device_pointer(o);
-  DT* o2p = device_pointer(o2);
-  const DT* both = device_pointer(maps_out.data());
-  launch_for_each(p, rows * dv, [=] __device__(long long i) {
-    const long long first = i / dv * 2 * dv + i % dv;
-    const DT second = both[first + dv];
-    o2p[i] = second;
-    op[i] = from_accum<DT>(to_accum(both[first]) - *lambda * to_accum(second));
-  });
+  differential_forward_outputs<DT><<<blocks_for(rows, operand_warps), operand_warps * 32, 0, p.stream()>>>(
+      device_pointer(maps_out.data()), lambda, rows, s.dv, device_pointer(o), device_pointer(o2));
+  DIFFTX_CUDA_CHECK(cudaGetLastError());
   return true;
 }
 
@@ -280,10 +304,8 @@ bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, se
   return true;
 }
 
-constexpr int operand_warps = 8;  // rows a block of differential_backward_operands
 // A differential backward's inputs to cuDNN, in one pass over the rows of o,
-// o2 and dO [rows, dv], a warp a row, 16 bytes at a time (dv % 8 == 0 and
-// 16-byte starts: cudnn_applies): map 1's output O_1 = o + λ o2, map 2's
+// o2 and dO [rows, dv], a warp a row, 16 bytes at a time: map 1's output O_1 = o + λ o2, map 2's
 // upstream gradient dO_2 = -λ dO, and dλ = -Σ dO ⊙ O_2, added into *dlambda.
 // For the call per map, O_1 into o1 and dO_2 into d_o2 [rows, dv]; for the
 // one call of both maps (MapsAsHeads), each map's output and upstream
@@ -293,9 +315,7 @@ __global__ void __launch_bounds__(operand_warps * 32)
     differential_backward_operands(const DT* o, const DT* o2, const DT* d_o, const float* lambda, long long rows,
                                    int dv, DT* o1, DT* d_o2, float* dlambda) {
   constexpr int width = 16 / sizeof(DT);
-  struct alignas(16) pack {
-    DT v[width];
-  };
+  using pack = row_pack<DT>;
   const long long row = blockIdx.x * static_cast<long long>(operand_warps) + threadIdx.x / 32;
   const bool in_range = row < rows;  // the same for a whole warp
   const float lam = *lambda;
