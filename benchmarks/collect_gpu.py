@@ -8,15 +8,16 @@ benchmarks/collect_cpu.py writes:
 
     python3 benchmarks/collect_gpu.py LOG_DIR > benchmarks/results/gpu.json
 
-LOG_DIR is what `tools/gpu_check.sh BUILD LOG_DIR tests memcheck racecheck
-bench models ncu` writes. A table whose logs are missing (its step did not
+LOG_DIR is what `tools/gpu_check.sh BUILD LOG_DIR checks bench peers models
+ncu` writes. A table whose logs are missing (its step did not
 run) is left out; a figure missing from a log it reads is "n/a". Rows hold
 the figures as they are printed, and the reading is built from them, so that
 a new measurement cannot keep an old conclusion. The tables:
 
   1. the checks (tests, memcheck, racecheck): summary.txt and each command's log;
   2. the attention op alone, differential against standard, on cuDNN and on
-     difftx's kernels: cuda_bench.json (difftx_cuda_bench);
+     difftx's kernels: cuda_bench.json (difftx_cuda_bench), and each of its
+     kernels' time on cuDNN: ncu_diff_attention.log, ncu_attention.log;
   3. MultiHead and 4. DecoderLayer against PyTorch on the same GPU:
      cuda_bench.json, with benchmarks_gpu.json (peer_pytorch_gpu.py);
   5. CPU against GPU for one DecoderLayer: bench_simd_cuda.log;
@@ -35,9 +36,9 @@ import time
 from collect_cpu import ratio, span, table
 
 BUILD = "build/gpu-pack"  # where tools/gpu_pack.sh builds the binaries the commands below name
-REPRODUCE = ('tools/gpu_pack.sh --unpack && tools/gpu_check.sh "$(tools/gpu_pack.sh --build-dir)" logs '
-             "tests memcheck racecheck bench models ncu; python3 benchmarks/collect_gpu.py logs "
-             "> benchmarks/results/gpu.json")
+REPRODUCE = ('tools/gpu_pack.sh --unpack && DIFFTX_SANITIZER_JOBS=8 tools/gpu_check.sh '
+             '"$(tools/gpu_pack.sh --build-dir)" logs checks bench peers models ncu; '
+             "python3 benchmarks/collect_gpu.py logs > benchmarks/results/gpu.json")
 SHAPES = [(3072, 12, 2048), (3072, 12, 4096), (5120, 20, 2048)]  # the paper's C, h, N (D = 128)
 PASSES = [("forward", "forward"), ("forward_backward", "forward + backward")]
 ATTENTION = {"cudnn": "cuDNN", "difftx": "difftx's own kernels"}  # difftx_cuda_bench's /attention: names
@@ -68,6 +69,12 @@ MODEL_COMMANDS = [
     f"{MODEL_BENCH} --policy cuda --repeats 3 --json",
     f"python3 benchmarks/peer_transformers_generate.py --model {MODEL} --dtype bfloat16 --device cuda --attn sdpa "
     "--prompt-tokens 512 --new-tokens 64 --repeats 3"]
+# benchmarks/flops.hpp's forward + backward FLOPs of the differential op over standard attention's (2h heads of D):
+# forward 2 maps x (2D + 2·2D) against 2 x (2D + 2D) per pair and head of D, backward (4·2D + 2·4D) against 2 x 8D.
+ATTENTION_FLOP_RATIO = (2 * 6 + 16) / (2 * 4 + 16)
+NCU_OP = ("ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 30 "
+          f"{BUILD}/benchmarks/difftx_cuda_bench --benchmark_filter=^op:OP/cuda/bfloat16/forward_backward/C:3072/"
+          "N:4096/attention:cudnn/  (OP: diff_attention, attention)")
 NCU = ("ncu --clock-control none --kernel-name-base demangled --kernel-name regex:difftx:: --launch-count 60 "
        f"--section SpeedOfLight --csv {BUILD}/tools/difftx bench --policy cuda --module decoder_layer --batch 1 "
        "--seq 2048 --d-model 3072 --heads 12 --dtype bfloat16 --backward --repeats 1")
@@ -501,6 +508,7 @@ def short_names(kernels):
     def plain(full, keep):
         name = re.sub(r"^void ", "", full).replace("(anonymous namespace)::", "")
         name = name.replace("difftx::cuda_detail::", "").replace("difftx::", "")
+        name = name.replace("cudnn_generated_fort_native_", "cudnn ")  # cuDNN's generated kernels: keep the tile
         name = strip_nested(strip_nested(name, "(", ")"), "<", ">", keep)
         return name if len(name) <= 70 else name[:69] + "…"
     bases = [plain(k, 0) for k in kernels]
@@ -522,11 +530,12 @@ def ncu_launches(text):
             value = float(r["Metric Value"].replace(",", ""))
         except ValueError:
             continue
-        if r["Metric Name"] == "Duration":
+        metric = r["Metric Name"]
+        if metric in ("Duration", "gpu__time_duration.sum"):  # the SpeedOfLight section's, or asked for by name
             if r["Metric Unit"] not in MICROSECONDS:
                 continue
-            value *= MICROSECONDS[r["Metric Unit"]]
-        out.setdefault(r["Kernel Name"], {}).setdefault(r.get("ID"), {})[r["Metric Name"]] = value
+            metric, value = "Duration", value * MICROSECONDS[r["Metric Unit"]]
+        out.setdefault(r["Kernel Name"], {}).setdefault(r.get("ID"), {})[metric] = value
     return out
 
 
@@ -555,6 +564,37 @@ def ncu(logs):
     sentence = (f"Of difftx's own kernels profiled, {names[name]} takes the most time "
                 f"({us / total:.0%} of theirs; DRAM {percent(dram)}, compute {percent(sm)} of the peak)."
                 if total else None)
+    return t, sentence
+
+
+def attention_op_kernels(logs):
+    """The op's kernels under ncu (ncu_diff_attention.log, ncu_attention.log): each kernel's mean time in one
+    forward + backward, differential against standard."""
+    ops = []
+    for op, label in (("diff_attention", "differential"), ("attention", "standard")):
+        launches = ncu_launches(read(logs, f"ncu_{op}.log") or "")
+        if launches:
+            ops.append((label, {name: mean(r.get("Duration") for r in runs.values()) for name, runs in launches.items()}))
+    if not ops:
+        return None, None
+    names = short_names([name for _, kernels in ops for name in kernels])
+    rows, totals = [], {}
+    for label, kernels in ops:
+        totals[label] = sum(kernels.values())
+        for name, us in sorted(kernels.items(), key=lambda k: -k[1]):
+            rows.append([label, names[name], f"{us:,.1f}", f"{us / totals[label]:.0%}"])
+    t = table("The attention op's kernels on cuDNN at N = 4096 (C = 3072, h = 12 differential heads of 2 x 128 "
+              "against 24 standard heads of 128, bfloat16, causal), forward then backward: each kernel's mean "
+              "time over the profiled launches (Nsight Compute, gpu__time_duration, the GPU's clocks as they "
+              "were), and its share of its op's kernel time.",
+              ["op", "kernel", "µs", "share"], rows, [NCU_OP])
+    sentence = None
+    if len(totals) == 2:
+        diff, std = totals["differential"], totals["standard"]
+        sentence = (f"Under Nsight Compute at N = 4096 the differential op's kernels take {diff:,.0f} µs a forward "
+                    f"and backward against {std:,.0f} µs for standard attention ({diff / std:.2f}x; benchmarks/"
+                    f"flops.hpp counts {ATTENTION_FLOP_RATIO:.2f}x the FLOPs, so 90% of standard's rate allows "
+                    f"{ATTENTION_FLOP_RATIO / 0.9:.2f}x).")
     return t, sentence
 
 
@@ -589,7 +629,7 @@ def main():
         attention = default_attention(bench)
         parts += [attention_ops(bench), multihead(bench, peer, attention, peer_machine.get("torch", "?")),
                   decoder_layer(bench, peer, attention)]
-    parts += [cpu_against_gpu(logs), language_model(logs, gpu), ncu(logs)]
+    parts += [attention_op_kernels(logs), cpu_against_gpu(logs), language_model(logs, gpu), ncu(logs)]
     tables = [t for t, _ in parts if t]
     if not tables:
         sys.exit(f"collect_gpu: nothing measured in {logs}")

@@ -1,7 +1,6 @@
 """CUDA tensors on policy::cuda: the op, the packed op and the module against the CPU's results.
 
-Skipped without a GPU or in a build without CUDA (the session that wrote the CUDA path had no
-GPU: these have not run yet, docs/guide/pytorch.md).
+Skipped without a GPU or in a build without CUDA (docs/guide/pytorch.md has what they gave on an H200).
 """
 
 import pytest

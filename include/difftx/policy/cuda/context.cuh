@@ -164,8 +164,9 @@ struct cuda_context {
   // freed memory for the next allocation (release threshold unbounded). The
   // default pool's threshold of zero hands it back to the driver at each
   // synchronisation, which every decode step makes to bring its logits back,
-  // so the next step maps its temporaries afresh. Off by default until it has
-  // run on a GPU; idempotent.
+  // so the next step maps its temporaries afresh. Off by default: cuda_test's
+  // case for it passes on an H200, but what it does for decode is not yet
+  // measured (difftx_cuda_bench turns it on); idempotent.
   void keep_freed_memory() {
     if (own_pool) return;
     cudaMemPoolProps props{};
