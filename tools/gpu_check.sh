@@ -21,7 +21,8 @@
 # everything; the script exits 1 if any command failed.
 #
 # The tests step also runs the PyTorch extension's CUDA tests where python3
-# imports a difftx extension built with CUDA (a wheel installed there).
+# imports a difftx extension built with CUDA (BUILD/python, from the wheel
+# tools/gpu_pack.sh packs, or one installed there).
 #
 # For a short lease, in the environment:
 #   DIFFTX_SANITIZER_CASES   doctest --test-case patterns for the sanitizers'
@@ -51,6 +52,8 @@ done
 repo=$(cd "$(dirname "$0")/.." && pwd)
 # Libraries carried with packed binaries (tools/gpu_pack.sh), ahead of the system's.
 [ -d "$build/lib" ] && export LD_LIBRARY_PATH=$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The PyTorch extension tools/gpu_pack.sh --unpack installed there, if any.
+[ -d "$build/python" ] && export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$logs"
 lines=$logs/summary.lines  # a line per command, written by run (also from steps run side by side)
 : >"$lines"

@@ -20,6 +20,12 @@
 # SentencePiece; tools/gpu_check.sh loads them from BUILD/lib). The tests find
 # their data and the tool by the absolute paths they were built with; --unpack
 # makes those paths exist on the GPU machine.
+#
+# Also packed where this machine has the GPU machine's Python (3.12, with
+# nanobind and scikit-build-core; DIFFTX_PACK_PYTHON, default python3.12): the
+# PyTorch extension built with CUDA, as a wheel (nanobind's, so no PyTorch ABI
+# to match). --unpack installs it into BUILD/python, which tools/gpu_check.sh
+# puts on PYTHONPATH, so its tests step runs python/tests/test_cuda.py.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 pack=$repo/.gpubin
@@ -45,6 +51,11 @@ case ${1:-} in
     mkdir -p "$target"
     tar xzf "$pack/pack.tgz" -C "$target"  # the binaries at their build paths, and lib/ (on LD_LIBRARY_PATH in tools/gpu_check.sh)
     echo "gpu_pack: binaries in $target"
+    for wheel in "$pack"/difftx-*.whl; do
+      [ -f "$wheel" ] || continue
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$target/python" "$wheel" &&
+        echo "gpu_pack: the PyTorch extension in $target/python"
+    done
     ;;
   "")
     command -v nvcc >/dev/null || { echo "gpu_pack: needs nvcc (CUDA) on this machine" >&2; exit 2; }
@@ -74,6 +85,13 @@ case ${1:-} in
       esac
     done
     tar czf "$pack/pack.tgz" -C "$stage" .
+    python=${DIFFTX_PACK_PYTHON:-python3.12}
+    if "$python" -c "import nanobind, scikit_build_core" 2>/dev/null; then
+      CUDAARCHS=90a CMAKE_ARGS="-DDIFFTX_CUDA=ON -DDIFFTX_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=$march" \
+        "$python" -m pip wheel -q --no-deps --no-build-isolation -w "$pack" "$repo/python"
+    else
+      echo "gpu_pack: no $python with nanobind and scikit-build-core here: the PyTorch extension is not packed"
+    fi
     echo "$repo" >"$pack/source_dir"
     echo "$build" >"$pack/build_dir"
     echo "gpu_pack: $(du -sh "$pack" | cut -f1) in .gpubin (march $march; libraries: $(ls "$stage/lib" | tr '\n' ' '))"
