@@ -21,11 +21,12 @@
 // go in one call instead (maps_as_heads in the graph's key): Q and K as
 // [B, H·Maps, N, d] (head j is map j % 2 of head j / 2: a head stride of d),
 // V's H heads each serving its two, O of both maps into a scratch
-// [B, N, H, Maps, dv] and Stats into lse [B, H·Maps, N] as it is. One call
-// fills the GPU with twice the heads, and the backward needs no copy of the
-// statistics and no dV sum of ours: cuDNN sums dV over the query heads that
-// share a value head. Grouped heads keep the call per map: their maps cannot
-// be laid out as heads whose key head is cuDNN's head j / (H/G).
+// [B, N, H, Maps, dv] and Stats into lse [B, H·Maps, N] as it is. One launch
+// each way instead of two, and the backward needs no copy of the statistics
+// and no dV sum of ours: cuDNN sums dV over the query heads that share a
+// value head (docs/benchmarks.md has the op's kernels under Nsight Compute).
+// Grouped heads keep the call per map: their maps cannot be laid out as heads
+// whose key head is cuDNN's head j / (H/G).
 //
 // Views, as [batch, head, token, width] with strides in elements (map m's
 // offset m·d on q and k, m·N on lse, goes on the pointer):
@@ -305,8 +306,9 @@ bool cudnn_attention_forward(const policy::cuda& p, const attention_shape& s, se
 }
 
 // A differential backward's inputs to cuDNN, in one pass over the rows of o,
-// o2 and dO [rows, dv], a warp a row, 16 bytes at a time: map 1's output O_1 = o + λ o2, map 2's
-// upstream gradient dO_2 = -λ dO, and dλ = -Σ dO ⊙ O_2, added into *dlambda.
+// o2 and dO [rows, dv], a warp a row, 16 bytes at a time: map 1's output
+// O_1 = o + λ o2, map 2's upstream gradient dO_2 = -λ dO, and
+// dλ = -Σ dO ⊙ O_2, added into *dlambda.
 // For the call per map, O_1 into o1 and dO_2 into d_o2 [rows, dv]; for the
 // one call of both maps (MapsAsHeads), each map's output and upstream
 // gradient as that call's heads: o1 = (O_1, O_2), d_o2 = (dO, dO_2) [rows, 2, dv].
