@@ -69,9 +69,6 @@ MODEL_COMMANDS = [
     f"{MODEL_BENCH} --policy cuda --repeats 3 --json",
     f"python3 benchmarks/peer_transformers_generate.py --model {MODEL} --dtype bfloat16 --device cuda --attn sdpa "
     "--prompt-tokens 512 --new-tokens 64 --repeats 3"]
-# benchmarks/flops.hpp's forward + backward FLOPs of the differential op over standard attention's (2h heads of D):
-# forward 2 maps x (2D + 2·2D) against 2 x (2D + 2D) per pair and head of D, backward (4·2D + 2·4D) against 2 x 8D.
-ATTENTION_FLOP_RATIO = (2 * 6 + 16) / (2 * 4 + 16)
 NCU_OP = ("ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 30 "
           f"{BUILD}/benchmarks/difftx_cuda_bench --benchmark_filter=^op:OP/cuda/bfloat16/forward_backward/C:3072/"
           "N:4096/attention:cudnn/  (OP: diff_attention, attention)")
@@ -567,9 +564,17 @@ def ncu(logs):
     return t, sentence
 
 
-def attention_op_kernels(logs):
+def op_flops(bench, op, n):
+    """An op's forward + backward FLOPs at C = 3072 as difftx_cuda_bench counted them (its TFLOP/s times its
+    time: benchmarks/flops.hpp's count, in units that cancel in a ratio), or None."""
+    rate, ms = (bench_value(bench, f"op:{op}", "forward_backward", 3072, n, "cudnn", field)
+                for field in ("TFLOP/s", "real_time"))
+    return rate * ms if rate and ms else None
+
+
+def attention_op_kernels(logs, bench):
     """The op's kernels under ncu (ncu_diff_attention.log, ncu_attention.log): each kernel's mean time in one
-    forward + backward, differential against standard."""
+    forward + backward, differential against standard, beside the FLOPs difftx_cuda_bench counts for each."""
     ops = []
     for op, label in (("diff_attention", "differential"), ("attention", "standard")):
         launches = ncu_launches(read(logs, f"ncu_{op}.log") or "")
@@ -592,9 +597,13 @@ def attention_op_kernels(logs):
     if len(totals) == 2:
         diff, std = totals["differential"], totals["standard"]
         sentence = (f"Under Nsight Compute at N = 4096 the differential op's kernels take {diff:,.0f} µs a forward "
-                    f"and backward against {std:,.0f} µs for standard attention ({diff / std:.2f}x; benchmarks/"
-                    f"flops.hpp counts {ATTENTION_FLOP_RATIO:.2f}x the FLOPs, so 90% of standard's rate allows "
-                    f"{ATTENTION_FLOP_RATIO / 0.9:.2f}x).")
+                    f"and backward against {std:,.0f} µs for standard attention ({diff / std:.2f}x")
+        flops = [op_flops(bench or {}, op, 4096) for op in ("diff_attention", "attention")]
+        if all(flops):
+            ratio = flops[0] / flops[1]
+            sentence += (f"; benchmarks/flops.hpp counts {ratio:.2f}x the FLOPs, so 90% of standard's rate allows "
+                         f"{ratio / 0.9:.2f}x")
+        sentence += ")."
     return t, sentence
 
 
@@ -629,7 +638,7 @@ def main():
         attention = default_attention(bench)
         parts += [attention_ops(bench), multihead(bench, peer, attention, peer_machine.get("torch", "?")),
                   decoder_layer(bench, peer, attention)]
-    parts += [attention_op_kernels(logs), cpu_against_gpu(logs), language_model(logs, gpu), ncu(logs)]
+    parts += [attention_op_kernels(logs, bench), cpu_against_gpu(logs), language_model(logs, gpu), ncu(logs)]
     tables = [t for t, _ in parts if t]
     if not tables:
         sys.exit(f"collect_gpu: nothing measured in {logs}")

@@ -58,14 +58,17 @@ mkdir -p "$logs"
 lines=$logs/summary.lines  # a line per command, written by run (also from steps run side by side)
 : >"$lines"
 
+summarize() {  # summarize NAME STATUS START: NAME.log's tail, and NAME's summary line
+  tail -n 8 "$logs/$1.log"
+  printf '%-22s exit %3d  %5ds\n' "$1" "$2" $((SECONDS - $3)) >>"$lines"
+}
+
 run() {  # run NAME COMMAND...: logs to LOG_DIR/NAME.log, one summary line
-  local name=$1 start=$SECONDS status
+  local name=$1 start=$SECONDS
   shift
   echo "== $name: $*"
   timeout "${DIFFTX_STEP_LIMIT:-0}" "$@" >"$logs/$name.log" 2>&1
-  status=$?
-  tail -n 8 "$logs/$name.log"
-  printf '%-22s exit %3d  %5ds\n' "$name" "$status" $((SECONDS - start)) >>"$lines"
+  summarize "$name" $? "$start"
 }
 
 model=${DIFFTX_GPU_MODEL:-gpu_model}
@@ -102,8 +105,7 @@ sanitize() {
     [ "$status" -gt "$worst" ] && worst=$status
     rm -f "$logs/$name.part$part" "$logs/$name.part$part.status"
   done
-  tail -n 8 "$logs/$name.log"
-  printf '%-22s exit %3d  %5ds\n' "$name" "$worst" $((SECONDS - start)) >>"$lines"
+  summarize "$name" "$worst" "$start"
 }
 
 tests() {
