@@ -230,9 +230,10 @@ def checkpoint(raw, threads):
     # (the results' name, the row's label, what the peer columns say without a peer run); the int8 row is
     # optional: transformers has no int8 weights on the CPU
     for t, label, no_peer in (("float32", "float32", "not run"), ("bfloat16", "bfloat16", "not run"),
+                              ("bfloat16-converting", "bfloat16, products converted to float", "as bfloat16"),
                               ("int8", "float32, int8 weights", "no int8 weights")):
         path = os.path.join(raw, f"difftx.{t}.json")
-        if t == "int8" and not os.path.exists(path):
+        if t in ("int8", "bfloat16-converting") and not os.path.exists(path):
             continue
         d = read_json_lines(path)
         peer_path = os.path.join(raw, f"peer.{t}.txt")
@@ -249,8 +250,9 @@ def checkpoint(raw, threads):
         if p and not model_line:
             model_line = f"{p['parameters'] / 1e6:.0f}M parameters; transformers {p['transformers']}, torch {p['torch']}"
     cmds = commands(raw, "make", "difftx.float32.json", "peer.float32.txt", "difftx.bfloat16.json", "peer.bfloat16.txt",
-                    "difftx.int8.json", "difftx.float32.spinning.json", "difftx.bfloat16.spinning.json",
-                    "difftx.int8.spinning.json")
+                    "difftx.int8.json", "difftx.bfloat16-converting.json", "difftx.float32.spinning.json",
+                    "difftx.bfloat16.spinning.json", "difftx.int8.spinning.json",
+                    "difftx.bfloat16-converting.spinning.json")
     f32 = read_json_lines(os.path.join(raw, "difftx.float32.json"))
     prompt, new = f32["prompt_tokens"], f32["new_tokens"]
     tables = [table(f"A random DiffLlama folder shaped like a 375M Llama-3 model (C 1024, 16 layers, 16 heads "
@@ -261,7 +263,9 @@ def checkpoint(raw, threads):
                     f"\"of bound\": difftx's decode step time against the time this machine takes to read the "
                     f"bytes a step must read (weights and cache), measured between steps. \"spinning\": the "
                     f"same share with OMP_WAIT_POLICY=active, idle threads spinning between the step's parallel "
-                    f"regions as libgomp's default waiting does for gaps of microseconds.",
+                    f"regions as libgomp's default waiting does for gaps of microseconds. \"products converted "
+                    f"to float\": bfloat16 with `--bf16-product converting`, the path of CPUs without "
+                    f"AVX512_BF16, where `automatic` decodes on the dot-product instruction.",
                     ["dtype", "difftx prefill tokens/s", "transformers prefill tokens/s",
                      "difftx decode tokens/s", "transformers decode tokens/s", "decode: difftx / transformers",
                      "difftx decode of bound", "of bound, spinning"],

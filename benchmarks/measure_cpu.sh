@@ -145,16 +145,22 @@ measure() {  # question: its commands, outputs under $work/<question>
             --threads "$THREADS" --prompt-tokens 512 --new-tokens 32 --repeats 3
         fi
       done
-      # int8 weights (no transformers peer on the CPU): the decode's share of its read bound
+      # int8 weights (no transformers peer on the CPU): the decode's share of its read bound; bfloat16 with
+      # its products converted to float (--bf16-product converting), the path automatic leaves on CPUs
+      # without AVX512_BF16, against the dot-product instruction's
       run "$o/difftx.int8.json" "$difftx" bench --model "$ckpt" --seq 512 --new-tokens 32 --repeats 3 --dtype float32 \
         --weights-dtype int8 --threads "$THREADS" --json
+      run "$o/difftx.bfloat16-converting.json" "$difftx" bench --model "$ckpt" --seq 512 --new-tokens 32 --repeats 3 \
+        --dtype bfloat16 --bf16-product converting --threads "$THREADS" --json
       # The share again with threads that spin between parallel regions, as libgomp's default waiting does
       # for gaps of microseconds (a decode step opens about a hundred regions; a sleeping thread's wake-up
       # is paid at each).
-      for row in "float32 float32 same" "bfloat16 bfloat16 same" "int8 float32 int8"; do  # name, dtype, weights
-        read -r name dtype weights <<<"$row"
+      for row in "float32 float32 same automatic" "bfloat16 bfloat16 same automatic" "int8 float32 int8 automatic" \
+        "bfloat16-converting bfloat16 same converting"; do  # name, dtype, weights, bfloat16 products
+        read -r name dtype weights products <<<"$row"
         run "$o/difftx.$name.spinning.json" env OMP_WAIT_POLICY=active "$difftx" bench --model "$ckpt" --seq 512 \
-          --new-tokens 32 --repeats 3 --dtype "$dtype" --weights-dtype "$weights" --threads "$THREADS" --json
+          --new-tokens 32 --repeats 3 --dtype "$dtype" --weights-dtype "$weights" --bf16-product "$products" \
+          --threads "$THREADS" --json
       done ;;
     generation)  # the sampler chain at V = 128256; 8 prompts at once against one at a time, and transformers'
       big_checkpoint "$1" || return 1

@@ -448,8 +448,8 @@ TEST_CASE("LanguageModel with decoding panels: decoding equals the forward's log
 
 TEST_CASE("bfloat16 decoding panels where the product widens x to float") {
   // x of 4100 values is 16.4 KB as float (past wide_weight_row_bytes) and
-  // 8.2 KB as bfloat16: panels on the converting product (CPUs without
-  // AVX512_BF16 and Intel's), none on the dot-product instruction, which
+  // 8.2 KB as bfloat16: panels on the converting product (forced, or a CPU
+  // without AVX512_BF16), none on the dot-product instruction, which
   // reads x as it lies; x of 4000 floats (16.0 KB) gets none. require_trainable
   // tells whether a Linear has them. A decoding step gives the bits of the
   // product it should read (the panels' or W's) and lands within bfloat16's

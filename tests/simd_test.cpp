@@ -118,8 +118,9 @@ TEST_CASE("simd: float16 and bfloat16 linear across the product's blocks") {
 }
 
 TEST_CASE("simd: float and double linear, decoding's streamed rows among them") {
-  // M <= 4 streams w's rows (streamed_dot): depths with and without the eight-vector
-  // steps, single-vector steps and a scalar end; rows in whole and ragged slices.
+  // M <= 4 streams w's rows (streamed_dots): depths with and without the eight-vector
+  // steps, single-vector steps and a scalar end; rows in whole and ragged slices, pairs
+  // of rows and a last row alone.
   for (auto [M, N, K] : {std::array<index_t, 3>{1, 300, 77}, {4, 33, 2048}, {2, 17, 130}, {3, 16, 1}, {1, 1000, 515},
                          {5, 40, 64}, {67, 17, 1030}}) {
     check_reduced_linear<float>(M, N, K);

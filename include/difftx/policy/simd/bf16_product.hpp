@@ -39,11 +39,12 @@ inline bool bf16_pair_instructions() noexcept {
 #endif
 }
 
-// The path a setting runs on this CPU: converting or dot_instructions. Every
-// AMD CPU with AVX512_BF16 is a Zen 4 or later (family 25 model 16 on); on
-// Intel's (Cooper Lake, Sapphire Rapids) the instruction's zmm form issues on
-// one port where float FMAs issue on two, and the one measured there ran
-// slower than converting, so automatic stays with converting until measured.
+// The path a setting runs on this CPU for products of many rows (prefill,
+// training): converting or dot_instructions. Every AMD CPU with AVX512_BF16
+// is a Zen 4 or later (family 25 model 16 on); on Intel's (Cooper Lake,
+// Sapphire Rapids) the instruction's zmm form issues on one port where float
+// FMAs issue on two, and the one measured there ran slower than converting,
+// so automatic stays with converting until measured.
 inline policy::bf16_product resolved_bf16_product(policy::bf16_product wanted) noexcept {
   using path = policy::bf16_product;
   if (wanted == path::converting || !bf16_pair_instructions()) return path::converting;
@@ -56,4 +57,13 @@ inline policy::bf16_product resolved_bf16_product(policy::bf16_product wanted) n
 #endif
 }
 
+// The path for decoding's products of a few rows, which read each weight
+// once and are bound by memory, not by the instruction's port: automatic
+// takes the instruction wherever the CPU has it, as on Intel's it streams the
+// weights faster than converting them to float (docs/benchmarks.md,
+// "Decoding a checkpoint", the bfloat16 rows).
+inline policy::bf16_product resolved_bf16_decoding_product(policy::bf16_product wanted) noexcept {
+  using path = policy::bf16_product;
+  return wanted == path::converting || !bf16_pair_instructions() ? path::converting : path::dot_instructions;
+}
 }  // namespace difftx::simd_detail

@@ -147,42 +147,60 @@ struct avx512_bf16_pairs_of {
   }
 
   // out[t] = Σ_c x[c] · R(t, c) for rows ≤ dot_rows rows of depth k (row t at
-  // first + t·stride): one row after the other, 256 values at a time into
-  // eight partial sums, the depth's end masked (a zero completes an odd last
-  // pair). Rows stored one after the other are then one sequential stream,
-  // which reads closest to a plain sequential read: rows side by side are
-  // several streams at once, fewer partial sums leave the instruction's
-  // latency exposed, and more no longer fit the registers beside acc
-  // (the rates measured then are in docs/benchmarks.md's git history).
+  // first + t·stride), two rows at a time (pair_row_dots). Rows stored one
+  // after the other stay one sequential stream, read two rows' halves apart.
   static constexpr index_t dot_rows = 16;
   [[gnu::target("avx512f,avx512bw,avx512bf16")]] static void row_dots(const Eigen::bfloat16* x,
                                                                       const Eigen::bfloat16* first, index_t stride,
                                                                       index_t rows, index_t k, float* out) noexcept {
-    constexpr index_t unroll = 8, step = 32 * unroll;
     __m512 acc[dot_rows];
-    for (index_t t = 0; t < dot_rows; ++t) {
-      acc[t] = _mm512_setzero_ps();
-      if (t >= rows) continue;
-      const Eigen::bfloat16* row = first + t * stride;
-      __m512 part[unroll];
-      DIFFTX_UNROLL(8)
-      for (auto& q : part) q = _mm512_setzero_ps();
-      index_t c = 0;
-      for (; c + step <= k; c += step)
-        DIFFTX_UNROLL(8)
-        for (index_t u = 0; u < unroll; ++u)
-          part[u] = _mm512_dpbf16_ps(part[u], (__m512bh)_mm512_loadu_si512(x + c + 32 * u),
-                                     (__m512bh)_mm512_loadu_si512(row + c + 32 * u));
-      for (; c + 32 <= k; c += 32)
-        part[0] = _mm512_dpbf16_ps(part[0], (__m512bh)_mm512_loadu_si512(x + c), (__m512bh)_mm512_loadu_si512(row + c));
-      if (const __mmask32 in_depth = (__mmask32{1} << (k - c)) - 1; c < k)
-        part[1] = _mm512_dpbf16_ps(part[1], (__m512bh)_mm512_maskz_loadu_epi16(in_depth, x + c),
-                                   (__m512bh)_mm512_maskz_loadu_epi16(in_depth, row + c));
-      DIFFTX_UNROLL(8)
-      for (index_t u = 1; u < unroll; ++u) part[0] = _mm512_add_ps(part[0], part[u]);
-      acc[t] = part[0];
-    }
+    index_t t = 0;
+    for (; t + 2 <= rows; t += 2) pair_row_dots<2>(x, first + t * stride, stride, k, acc + t);
+    if (t < rows) pair_row_dots<1>(x, first + t * stride, stride, k, acc + t);
+    for (t = rows; t < dot_rows; ++t) acc[t] = _mm512_setzero_ps();
     _mm512_mask_storeu_ps(out, lanes(rows), lane_sums_avx512(acc));
+  }
+
+  // sums[r] (lanes to be added) = x · R rows from `row` on, 256 values a row
+  // at a time into eight partial sums a row, x's vector loaded once for
+  // every row; the depth's end masked (a zero completes an odd last pair).
+  // On an Intel Xeon, where the instruction's mere presence slows a plain
+  // read, two rows side by side streamed close to a plain read's rate and one
+  // row alone well short of it; fewer partial sums a row, or more rows, were
+  // slower (docs/benchmarks.md, "Decoding a checkpoint", has the step's share
+  // of its read bound).
+  template <int R>
+  [[gnu::target("avx512f,avx512bw,avx512bf16")]] static void pair_row_dots(const Eigen::bfloat16* x,
+                                                                           const Eigen::bfloat16* row, index_t stride,
+                                                                           index_t k, __m512* sums) noexcept {
+    constexpr index_t unroll = 8, step = 32 * unroll;
+    __m512 part[R][unroll];
+    for (auto& r : part)
+      for (auto& q : r) q = _mm512_setzero_ps();
+    auto add = [&](__m512& to, const __m512bh xv, const Eigen::bfloat16* w) {
+      to = _mm512_dpbf16_ps(to, xv, (__m512bh)_mm512_loadu_si512(w));
+    };
+    index_t c = 0;
+    for (; c + step <= k; c += step)
+      DIFFTX_UNROLL(8)
+      for (index_t u = 0; u < unroll; ++u) {
+        const auto xv = (__m512bh)_mm512_loadu_si512(x + c + 32 * u);
+        for (int r = 0; r < R; ++r) add(part[r][u], xv, row + r * stride + c + 32 * u);
+      }
+    for (; c + 32 <= k; c += 32) {
+      const auto xv = (__m512bh)_mm512_loadu_si512(x + c);
+      for (int r = 0; r < R; ++r) add(part[r][0], xv, row + r * stride + c);
+    }
+    if (const __mmask32 in_depth = (__mmask32{1} << (k - c)) - 1; c < k) {
+      const auto xv = (__m512bh)_mm512_maskz_loadu_epi16(in_depth, x + c);
+      for (int r = 0; r < R; ++r)
+        part[r][1] = _mm512_dpbf16_ps(part[r][1], xv, (__m512bh)_mm512_maskz_loadu_epi16(in_depth, row + r * stride + c));
+    }
+    for (int r = 0; r < R; ++r) {
+      DIFFTX_UNROLL(8)
+      for (index_t u = 1; u < unroll; ++u) part[r][0] = _mm512_add_ps(part[r][0], part[r][u]);
+      sums[r] = part[r][0];
+    }
   }
 
   // Packing (the layout: see bf16_pair_gemm), 16 lanes of words at a time.

@@ -1,7 +1,7 @@
 // simd linear forward/backward (shapes in difftx/ops/linear.hpp): Eigen GEMMs,
 // the output split into blocks over OpenMP threads (Eigen runs each block on
 // one thread inside a parallel region); decoding's few rows of x stream w
-// instead (streamed_dot), or w's decoding panels into partial sums of y
+// instead (streamed_dots), or w's decoding panels into partial sums of y
 // (panel_gemv). float16/bfloat16 products go to reduced_gemm (gemm.hpp),
 // which converts while it packs. Products of many rows go to oneDNN's matmul
 // where the policy takes it (linear_onednn.hpp).
@@ -60,29 +60,39 @@ void parallel_blocks(index_t rows, index_t cols, int threads, Block&& block) {
   }
 }
 
-// Σ_c x[c] · row[c]: the row read as one sequential stream into eight
-// partial sums. Decoding's float and double products read w this way, a row
-// after the other (for_each_gemv_slice shares the rows out): Eigen's
-// matrix-vector product reads several rows side by side, which on Zen 4
-// streams slower (the bfloat16 row_dots' comment, gemm_bf16_pairs.hpp).
-template <class A>
-A streamed_dot(const A* x, const A* row, index_t k) noexcept {
+// out[r] = Σ_c x[c] · row[r·stride + c] for R rows, each read as one
+// sequential stream into partial sums, x's vector loaded once for all R.
+// Decoding's float and double products read w this way, two rows at a time
+// (for_each_gemv_slice shares the rows out): on Intel's AVX-512 two rows side
+// by side read faster than one alone, as in the bfloat16 row_dots
+// (gemm_bf16_pairs.hpp), while Eigen's matrix-vector product, which reads
+// several rows side by side, streamed slower on Zen 4. Eight partial sums a
+// row, four where two rows' must share AVX2's sixteen registers with x.
+template <int R, class A>
+void streamed_dots(const A* x, const A* row, index_t stride, index_t k, A* out) noexcept {
   using V = vec<A>;
-  constexpr index_t W = V::size, unroll = 8;
-  V part[unroll];
-  DIFFTX_UNROLL(8)
-  for (auto& q : part) q = V(A(0));
+  constexpr index_t W = V::size, unroll = R == 1 || W * sizeof(A) >= 64 ? 8 : 4;
+  V part[R][unroll];
+  for (auto& r : part)
+    for (auto& q : r) q = V(A(0));
   index_t c = 0;
   for (; c + unroll * W <= k; c += unroll * W)
     DIFFTX_UNROLL(8)
-    for (index_t u = 0; u < unroll; ++u)
-      part[u] = simd_detail::multiply_add(V::load_unaligned(x + c + u * W), V::load_unaligned(row + c + u * W), part[u]);
-  for (; c + W <= k; c += W) part[0] = simd_detail::multiply_add(V::load_unaligned(x + c), V::load_unaligned(row + c), part[0]);
-  DIFFTX_UNROLL(8)
-  for (index_t u = 1; u < unroll; ++u) part[0] += part[u];
-  A sum = xsimd::hadd(part[0]);
-  for (; c < k; ++c) sum += x[c] * row[c];
-  return sum;
+    for (index_t u = 0; u < unroll; ++u) {
+      const V xv = V::load_unaligned(x + c + u * W);
+      for (int r = 0; r < R; ++r)
+        part[r][u] = simd_detail::multiply_add(xv, V::load_unaligned(row + r * stride + c + u * W), part[r][u]);
+    }
+  for (; c + W <= k; c += W) {
+    const V xv = V::load_unaligned(x + c);
+    for (int r = 0; r < R; ++r) part[r][0] = simd_detail::multiply_add(xv, V::load_unaligned(row + r * stride + c), part[r][0]);
+  }
+  for (int r = 0; r < R; ++r) {
+    for (index_t u = 1; u < unroll; ++u) part[r][0] += part[r][u];
+    A sum = xsimd::hadd(part[r][0]);
+    for (index_t e = c; e < k; ++e) sum += x[e] * row[r * stride + e];
+    out[r] = sum;
+  }
 }
 
 // out[n] (=|+=) Σ_{k < depth} x[k] · w[n, k0 + k] for one panel of decoding
@@ -151,11 +161,15 @@ void panel_gemv(const policy::simd& p, index_t M, const T* x, const decoding_pan
 }
 
 // Decoding's products of float or double x[M, K] (M ≤ gemv_max_rows) with
-// each part's w: its rows streamed one after the other (streamed_dot).
+// each part's w: its rows streamed two at a time (streamed_dots).
 template <class T>
 void float_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::span<const gemv_part<T>> parts) {
   for_each_gemv_slice(p, M, parts, vec<T>::size, [&](const gemv_part<T>& part, index_t i, index_t j, index_t n) {
-    for (index_t t = 0; t < n; ++t) part.y[i * part.rows + j + t] = streamed_dot(x + i * K, part.w + (j + t) * K, K);
+    const T* const w = part.w + j * K;
+    T* const y = part.y + i * part.rows + j;
+    index_t t = 0;
+    for (; t + 2 <= n; t += 2) streamed_dots<2>(x + i * K, w + t * K, K, K, y + t);
+    if (t < n) streamed_dots<1>(x + i * K, w + t * K, K, K, y + t);
   });
 }
 
@@ -170,7 +184,7 @@ void decoding_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std:
   } else {
 #if DIFFTX_BF16_PAIRS
     if constexpr (std::is_same_v<T, Eigen::bfloat16>)
-      if (p.bf16_product_used() == policy::bf16_product::dot_instructions)
+      if (p.bf16_decoding_product_used() == policy::bf16_product::dot_instructions)
         return bf16_pair_gemv<avx512_bf16_pairs>(p, M, K, x, parts);
 #endif
     reduced_gemv(p, M, K, x, parts);

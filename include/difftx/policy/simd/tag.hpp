@@ -29,15 +29,19 @@ struct simd {
   // products"): automatic, or one path forced for comparisons.
   using bf16_product = policy::bf16_product;
   bf16_product bf16_products = bf16_product::automatic;
-  // The path they take on this CPU under that setting: converting or dot_instructions.
+  // The path they take on this CPU under that setting: converting or
+  // dot_instructions; products of many rows, then decoding's of a few.
   bf16_product bf16_product_used() const noexcept { return simd_detail::resolved_bf16_product(bf16_products); }
+  bf16_product bf16_decoding_product_used() const noexcept {
+    return simd_detail::resolved_bf16_decoding_product(bf16_products);
+  }
   // The bytes of a decoding product's input (k values of T) that it holds
   // beside each row of the weight (Linear::add_decoding_panels): k values of
   // the accumulation type (float16 and bfloat16 are widened first), except
   // bfloat16 on the dot-product instruction, which reads x as it lies.
   template <class T>
   std::size_t decoding_input_bytes(std::size_t k) const noexcept {
-    if (std::is_same_v<T, Eigen::bfloat16> && bf16_product_used() == bf16_product::dot_instructions)
+    if (std::is_same_v<T, Eigen::bfloat16> && bf16_decoding_product_used() == bf16_product::dot_instructions)
       return k * sizeof(T);
     return k * sizeof(accum_t<T>);
   }
