@@ -63,12 +63,18 @@ TEST_CASE("cli: bench --json reports the kernels policy::simd runs here, for eac
       {"automatic", path::automatic}, {"converting", path::converting}, {"dot_instructions", path::dot_instructions}};
   auto check = [](const nlohmann::json& j, const test_support::simd_kernels& expected) {
     CHECK(j.at("product_kernel") == expected.products);
+    if (expected.decoding_products.empty())
+      CHECK(j.at("decode_product_kernel").is_null());
+    else
+      CHECK(j.at("decode_product_kernel") == expected.decoding_products);
     CHECK(j.at("score_tile_kernel") == expected.score_tiles);
     CHECK(j.at("amx_tiles") == expected.amx_tiles);
     // The policy column says "amx tiles" exactly where they ran, after the products' kernel where it is not plain.
     const auto detail = j.at("policy_detail").get<std::string>();
     CHECK((detail.find(", amx tiles)") != std::string::npos) == expected.amx_tiles);
     if (expected.products != "difftx") CHECK(detail.find(expected.products) != std::string::npos);
+    CHECK((detail.find("decoding " + expected.decoding_products) != std::string::npos) ==
+          (!expected.decoding_products.empty() && expected.decoding_products != expected.products));
   };
   for (const auto& [matmul, library_choice] : matmuls)
     for (const bool amx : {false, true}) {
@@ -95,6 +101,7 @@ TEST_CASE("cli: bench --json reports the kernels policy::simd runs here, for eac
                           "--bf16-product converting --matmul difftx");
   CHECK(plain.at("amx_tiles") == false);
   CHECK(plain.at("product_kernel") == "converting");
+  CHECK(plain.at("decode_product_kernel") == "converting");
   CHECK(plain.at("score_tile_kernel").is_null());  // no attention in swiglu
   // The reference policy makes none of these choices.
   const auto reference = json("--module multihead --batch 1 --seq 4 --d-model 16 --heads 2 --policy reference");

@@ -31,6 +31,7 @@ bool is_cuda(std::string_view policy) { return policy == cuda_policy::name; }
 void add_kernel_fields(nlohmann::json& j, const kernel_report& kernels) {
   const auto text_or_null = [](const std::string& s) { return s.empty() ? nlohmann::json() : nlohmann::json(s); };
   j["product_kernel"] = text_or_null(kernels.products);
+  j["decode_product_kernel"] = text_or_null(kernels.decoding_products);
   j["score_tile_kernel"] = text_or_null(kernels.score_tiles);
   j["amx_tiles"] = kernels.amx_tiles;
 }

@@ -28,20 +28,26 @@ struct kernel_report {
   // oneDNN takes them, else difftx's: "vdpbf16ps" or "converting" for
   // bfloat16, "difftx" for the other types; "" for a policy without that choice.
   std::string products;
+  // Decoding's products of a few rows, where they take another path than
+  // those of many rows: "vdpbf16ps" or "converting" for bfloat16, else "".
+  std::string decoding_products;
   // The attention's Q·Kᵀ tiles: "amx bf16", "amx int8", "vdpbf16ps",
   // "avx512vnni" or "float" (simd; score_tile_kernel); "" for a policy without that choice.
   std::string score_tiles;
   bool amx_tiles = false;  // simd's AMX tiles asked for and granted (amx_tiles_used)
 
-  // The policy column's words: the products (unless difftx's plain ones), then "amx tiles".
+  // The policy column's words: the products (unless difftx's plain ones), decoding's where
+  // they differ, then "amx tiles".
   std::string detail() const {
     std::string words = products == "difftx" ? "" : products;
+    if (!decoding_products.empty() && decoding_products != products)
+      words += (words.empty() ? "decoding " : ", decoding ") + decoding_products;
     if (amx_tiles) words += words.empty() ? "amx tiles" : ", amx tiles";
     return words;
   }
 };
-// The report as --json's fields: product_kernel and score_tile_kernel (null
-// where empty), amx_tiles.
+// The report as --json's fields: product_kernel, decode_product_kernel and
+// score_tile_kernel (null where empty), amx_tiles.
 void add_kernel_fields(nlohmann::json& j, const kernel_report& kernels);
 
 class runner {

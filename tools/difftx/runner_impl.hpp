@@ -50,20 +50,22 @@ int policy_threads([[maybe_unused]] const Policy& policy) {
 }
 
 // What a module's or model's kernels run on under policy for T, asked of the
-// policy itself (simd's matmul_kernel, bf16_product_used, score_tile_kernel,
-// amx_tiles_used); Products: the type of the products of many rows (T, or
-// std::int8_t for int8 weights); logit_bits and qk: the attention's low-bit
-// options. A policy without those choices reports "".
+// policy itself (simd's matmul_kernel, bf16_product_used,
+// bf16_decoding_product_used, score_tile_kernel, amx_tiles_used); Products:
+// the type of the products of many rows (T, or std::int8_t for int8
+// weights); logit_bits and qk: the attention's low-bit options. A policy
+// without those choices reports "".
 template <class T, class Products = T, class Policy>
 kernel_report kernel_report_of(const Policy& policy, int logit_bits, inference_dtype qk) {
   kernel_report report;
+  constexpr bool bf16 = std::is_same_v<Products, Eigen::bfloat16>;
   if constexpr (requires { policy.template matmul_kernel<Products>(); }) {
+    const auto path_name = [](auto path) {
+      return path == Policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
+    };
     report.products = policy.template matmul_kernel<Products>();
-    if (report.products.empty()) report.products = "difftx";
-    if constexpr (std::is_same_v<Products, Eigen::bfloat16>)
-      if (report.products == "difftx")
-        report.products =
-            policy.bf16_product_used() == Policy::bf16_product::dot_instructions ? "vdpbf16ps" : "converting";
+    if (report.products.empty()) report.products = bf16 ? path_name(policy.bf16_product_used()) : "difftx";
+    if constexpr (bf16) report.decoding_products = path_name(policy.bf16_decoding_product_used());
   }
   if constexpr (requires { policy.template score_tile_kernel<T>(logit_bits, qk); })
     report.score_tiles = policy.template score_tile_kernel<T>(logit_bits, qk);
