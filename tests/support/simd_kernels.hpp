@@ -1,9 +1,9 @@
 // What policy::simd says of its own kernels on this CPU (and under this
 // process's ONEDNN_MAX_CPU_ISA, which the tool the CLI tests start inherits),
 // asked of the library itself: the facts `difftx bench --json` must report as
-// product_kernel, decode_product_kernel, score_tile_kernel and amx_tiles. The CLI tests compare the
-// tool's fields with these rather than match words in its policy column, so
-// one expectation holds on every CPU.
+// product_kernel, decode_product_kernel, score_tile_kernel and amx_tiles. The
+// CLI tests compare the tool's fields with these rather than match words in
+// its policy column, so one expectation holds on every CPU.
 #pragma once
 
 #include <cstdint>

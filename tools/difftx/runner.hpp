@@ -28,8 +28,8 @@ struct kernel_report {
   // oneDNN takes them, else difftx's: "vdpbf16ps" or "converting" for
   // bfloat16, "difftx" for the other types; "" for a policy without that choice.
   std::string products;
-  // Decoding's products of a few rows, where they take another path than
-  // those of many rows: "vdpbf16ps" or "converting" for bfloat16, else "".
+  // Decoding's products of a few rows, which resolve apart from those of
+  // many rows: "vdpbf16ps" or "converting" for bfloat16, else "".
   std::string decoding_products;
   // The attention's Q·Kᵀ tiles: "amx bf16", "amx int8", "vdpbf16ps",
   // "avx512vnni" or "float" (simd; score_tile_kernel); "" for a policy without that choice.
