@@ -270,7 +270,48 @@ def checkpoint(raw, threads):
                      "difftx decode tokens/s", "transformers decode tokens/s", "decode: difftx / transformers",
                      "difftx decode of bound", "of bound, spinning"],
                     rows, cmds)]
-    return tables, {"decode": span(decode_x), "prefill": span(prefill_x)}
+    products, streamed = decode_products(raw)
+    if products:
+        tables.append(products)
+    return tables, {"decode": span(decode_x), "prefill": span(prefill_x), "products": streamed}
+
+
+def decode_products(raw):
+    """The decode_product benchmarks (decode_products_bench.cpp) as one table: each weight's products
+    against a plain read of their bytes, by matrix size, with sleeping and with spinning threads; and the
+    reading's summary, the spinning shares at 8 MB (a layer's matrix)."""
+    labels = {"float32": "float32", "bfloat16_vdpbf16ps": "bfloat16 on vdpbf16ps",
+              "bfloat16_converting": "bfloat16 converted to float", "int8": "float32, int8 weights"}
+    rows, sizes, streamed = [], [], []
+    for policy, waiting in (("passive", "sleeping"), ("active", "spinning")):
+        path = os.path.join(raw, f"products.{policy}.json")
+        if not os.path.exists(path):
+            continue
+        shares = {}
+        for name, r in bench_rows(path).items():
+            _, weights, size = name.replace("/manual_time", "").split("/")[:3]
+            mb = int(size.split(":")[1])
+            shares.setdefault(weights, {})[mb] = r
+            if mb not in sizes:
+                sizes.append(mb)
+        for weights, by_size in shares.items():
+            rows.append([labels.get(weights, weights), waiting] +
+                        [f"{by_size[mb]['share_of_read']:.0%}" if mb in by_size else "n/a" for mb in sorted(sizes)] +
+                        [f"{by_size[max(by_size)]['read_GBps']:.0f}"])
+            if policy == "active" and 8 in by_size:
+                streamed.append(f"{by_size[8]['share_of_read']:.0%} ({labels.get(weights, weights)})")
+    if not rows:
+        return None, "not measured"
+    sizes.sort()
+    return table("Decoding's products alone (`linear_forward` on one row of x, K = 1024), over matrices of each "
+                 "size making 256 MB, each its own product and parallel region as a decode step's are, against "
+                 "a plain read of the same bytes on the same threads just before (Google Benchmark, median of 3 "
+                 "repetitions): the share is the read's time over the products'. A decode step of the folder "
+                 "above reads matrices of 1 to 32 MB and a head of 128 to 512 MB. Threads between products: "
+                 "sleeping (OMP_WAIT_POLICY=passive) or spinning (active).",
+                 ["weights", "threads between products"] + [f"{mb} MB" for mb in sizes] +
+                 [f"read GB/s ({sizes[-1]} MB)"],
+                 rows, commands(raw, "products.passive.json", "products.active.json")), ", ".join(streamed)
 
 
 def generation(raw, threads):

@@ -161,6 +161,13 @@ measure() {  # question: its commands, outputs under $work/<question>
         run "$o/difftx.$name.spinning.json" env OMP_WAIT_POLICY=active "$difftx" bench --model "$ckpt" --seq 512 \
           --new-tokens 32 --repeats 3 --dtype "$dtype" --weights-dtype "$weights" --bf16-product "$products" \
           --threads "$THREADS" --json
+      done
+      # The products alone against a plain read of their bytes, by matrix size (a step's are 1 to 32 MB, its
+      # head 128 to 512 MB), with sleeping and with spinning threads: what the step's share owes its kernels
+      for policy in passive active; do
+        run "$o/products.$policy.json" env OMP_NUM_THREADS="$THREADS" OMP_WAIT_POLICY=$policy \
+          "$work/bin/difftx_generation_bench" '--benchmark_filter=^decode_product/' --benchmark_min_time=0.5 \
+          --benchmark_repetitions=3 --benchmark_format=json
       done ;;
     generation)  # the sampler chain at V = 128256; 8 prompts at once against one at a time, and transformers'
       big_checkpoint "$1" || return 1

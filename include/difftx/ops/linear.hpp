@@ -56,9 +56,10 @@ template <class X, class W, class Y>
 void check_linear_stored(std::string_view where, memory_space space, const X& x, const W& w, const Y& y,
                          std::string_view what) {
   require_nonempty(where, "x", x);
+  // (messages as callables, built only on a failure: every decoding product runs this check)
   require(w.rows > 0 && x.extent(1) == w.cols, where, "w",
-          std::string(what) + " [N, " + std::to_string(x.extent(1)) + "]",
-          "[" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
+          [&] { return std::string(what) + " [N, " + std::to_string(x.extent(1)) + "]"; },
+          [&] { return std::string("[") + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]"; });
   require_shape(where, "y", y, {x.extent(0), w.rows});
   require_all_in(where, space, {{"x", x.space()}, {"y", y.space()}});
 }
@@ -68,8 +69,10 @@ void check_linear_panels(std::string_view where, memory_space space, const X& x,
                          const Y& y) {
   check_linear_stored(where, space, x, w, y, "decoding panels");
   require(x.extent(0) <= decoding_panels<T>::max_rows, where, "x",
-          "at most " + std::to_string(decoding_panels<T>::max_rows) + " rows (decoding panels)",
-          std::to_string(x.extent(0)) + " rows");
+          [] {
+            return std::string("at most ") + std::to_string(decoding_panels<T>::max_rows) + " rows (decoding panels)";
+          },
+          [&] { return std::to_string(x.extent(0)) + " rows"; });
 }
 
 }  // namespace difftx::detail
