@@ -282,27 +282,25 @@ def decode_products(raw):
     reading's summary, the spinning shares at 8 MB (a layer's matrix)."""
     labels = {"float32": "float32", "bfloat16_vdpbf16ps": "bfloat16 on vdpbf16ps",
               "bfloat16_converting": "bfloat16 converted to float", "int8": "float32, int8 weights"}
-    rows, sizes, streamed = [], [], []
+    runs = {}  # waiting -> weights -> size in MB -> the benchmark's row
     for policy, waiting in (("passive", "sleeping"), ("active", "spinning")):
         path = os.path.join(raw, f"products.{policy}.json")
-        if not os.path.exists(path):
-            continue
-        shares = {}
-        for name, r in bench_rows(path).items():
-            _, weights, size = name.replace("/manual_time", "").split("/")[:3]
-            mb = int(size.split(":")[1])
-            shares.setdefault(weights, {})[mb] = r
-            if mb not in sizes:
-                sizes.append(mb)
-        for weights, by_size in shares.items():
-            rows.append([labels.get(weights, weights), waiting] +
-                        [f"{by_size[mb]['share_of_read']:.0%}" if mb in by_size else "n/a" for mb in sorted(sizes)] +
-                        [f"{by_size[max(by_size)]['read_GBps']:.0f}"])
-            if policy == "active" and 8 in by_size:
-                streamed.append(f"{by_size[8]['share_of_read']:.0%} ({labels.get(weights, weights)})")
-    if not rows:
+        if os.path.exists(path):
+            for name, r in bench_rows(path).items():
+                _, weights, size = name.replace("/manual_time", "").split("/")[:3]
+                runs.setdefault(waiting, {}).setdefault(weights, {})[int(size.split(":")[1])] = r
+    if not runs:
         return None, "not measured"
-    sizes.sort()
+    sizes = sorted({mb for by_weights in runs.values() for by_size in by_weights.values() for mb in by_size})
+    rows, streamed = [], []
+    for waiting, by_weights in runs.items():
+        for weights, by_size in by_weights.items():
+            label = labels.get(weights, weights)
+            rows.append([label, waiting] +
+                        [f"{by_size[mb]['share_of_read']:.0%}" if mb in by_size else "n/a" for mb in sizes] +
+                        [f"{by_size[max(by_size)]['read_GBps']:.0f}"])
+            if waiting == "spinning" and 8 in by_size:
+                streamed.append(f"{by_size[8]['share_of_read']:.0%} ({label})")
     return table("Decoding's products alone (`linear_forward` on one row of x, K = 1024), over matrices of each "
                  "size making 256 MB, each its own product and parallel region as a decode step's are, against "
                  "a plain read of the same bytes on the same threads just before (Google Benchmark, median of 3 "
