@@ -30,6 +30,7 @@
 #include "difftx/policy/simd/bf16_product.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm_blocks.hpp"
+#include "difftx/policy/simd/stream_prefetch.hpp"
 
 namespace difftx::simd_detail {
 
@@ -163,21 +164,23 @@ struct avx512_bf16_pairs_of {
 
   // sums[r] (lanes to be added) = x · R rows from `row` on, 256 values a row
   // at a time into eight partial sums a row, x's vector loaded once for
-  // every row; the depth's end masked (a zero completes an odd last pair).
-  // On an Intel Xeon, where the instruction's mere presence slows a plain
-  // read, two rows side by side streamed close to a plain read's rate and one
-  // row alone well short of it; fewer partial sums a row, or more rows, were
-  // slower (docs/benchmarks.md, "Decoding a checkpoint", has the step's share
-  // of its read bound).
+  // every row, every line prefetched whole groups of R rows ahead
+  // (stream_prefetch.hpp); the depth's end masked (a zero completes an odd
+  // last pair). On an Intel Xeon two rows side by side streamed faster than
+  // one row alone; fewer partial sums a row, or more rows, were slower
+  // (docs/benchmarks.md, "Decoding a checkpoint", has the step's share of its
+  // read bound).
   template <int R>
   [[gnu::target("avx512f,avx512bw,avx512bf16")]] static void pair_row_dots(const Eigen::bfloat16* x,
                                                                            const Eigen::bfloat16* row, index_t stride,
                                                                            index_t k, __m512* sums) noexcept {
     constexpr index_t unroll = 8, step = 32 * unroll;
+    const index_t ahead = stream_ahead(R * stride * index_t{sizeof(Eigen::bfloat16)});
     __m512 part[R][unroll];
     for (auto& r : part)
       for (auto& q : r) q = _mm512_setzero_ps();
     auto add = [&](__m512& to, const __m512bh xv, const Eigen::bfloat16* w) {
+      prefetch_ahead(w, ahead);
       to = _mm512_dpbf16_ps(to, xv, (__m512bh)_mm512_loadu_si512(w));
     };
     index_t c = 0;

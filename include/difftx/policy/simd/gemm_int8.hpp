@@ -32,6 +32,7 @@
 #include "difftx/ops/int8.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm_blocks.hpp"
+#include "difftx/policy/simd/stream_prefetch.hpp"
 
 // 1 where the x86 kernels are compiled in (GCC or clang on x86-64, not the
 // MSVC ABI, as DIFFTX_BF16_PAIRS); -DDIFFTX_INT8_DOTS=0 leaves them out.
@@ -47,18 +48,24 @@ namespace difftx::simd_detail {
 
 // The kernel interface: out[r·ldo + c] = Σ_p a[r·lda + p] · b[c·ldb + p] for
 // r < R <= rows, c < C <= 4, p < kp (a multiple of 64), a offset by 128 where
-// offset_a says so (then the sum is raw: the driver corrects it).
+// offset_a says so (then the sum is raw: the driver corrects it). Streamed:
+// b's rows are read once, from memory (decoding), every line of them
+// prefetched whole groups of C rows ahead (stream_prefetch.hpp).
 struct portable_int8 {
   static constexpr const char* name = "portable";
   static constexpr int rows = 4;
   static constexpr bool offset_a = false;
-  template <int R, int C>
+  template <int R, int C, bool Streamed = false>
   static void dots(index_t kp, const std::int8_t* a, index_t lda, const std::int8_t* b, index_t ldb, std::int32_t* out,
                    index_t ldo) noexcept {
+    const index_t ahead = stream_ahead(C * ldb);
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) {
         std::int32_t s = 0;
-        for (index_t p = 0; p < kp; ++p) s += std::int32_t{a[r * lda + p]} * std::int32_t{b[c * ldb + p]};
+        for (index_t p = 0; p < kp; ++p) {
+          if (Streamed && r == 0 && p % 64 == 0) prefetch_ahead(b + c * ldb + p, ahead);
+          s += std::int32_t{a[r * lda + p]} * std::int32_t{b[c * ldb + p]};
+        }
         out[r * ldo + c] = s;
       }
   }
@@ -69,16 +76,20 @@ struct avx2_int8 {
   static constexpr const char* name = "avx2";
   static constexpr int rows = 2;  // 8 accumulators, 4 of B, |a|, a, ones: 15 of the 16 registers
   static constexpr bool offset_a = false;
-  template <int R, int C>
+  template <int R, int C, bool Streamed = false>
   [[gnu::target("avx2")]] static void dots(index_t kp, const std::int8_t* a, index_t lda, const std::int8_t* b,
                                            index_t ldb, std::int32_t* out, index_t ldo) noexcept {
     const __m256i ones = _mm256_set1_epi16(1);
+    const index_t ahead = stream_ahead(C * ldb);
     __m256i acc[R][C];
     for (auto& row : acc)
       for (auto& x : row) x = _mm256_setzero_si256();
     for (index_t p = 0; p < kp; p += 32) {
       __m256i bv[C];
-      for (int c = 0; c < C; ++c) bv[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + c * ldb + p));
+      for (int c = 0; c < C; ++c) {
+        if (Streamed && p % 64 == 0) prefetch_ahead(b + c * ldb + p, ahead);
+        bv[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + c * ldb + p));
+      }
       for (int r = 0; r < R; ++r) {
         const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + r * lda + p));
         const __m256i magnitude = _mm256_sign_epi8(av, av);
@@ -101,16 +112,20 @@ struct avx512_vnni_int8 {
   static constexpr const char* name = "avx512vnni";
   static constexpr int rows = 4;
   static constexpr bool offset_a = true;
-  template <int R, int C>
+  template <int R, int C, bool Streamed = false>
   [[gnu::target("avx512f,avx512bw,avx512vnni")]] static void dots(index_t kp, const std::int8_t* a, index_t lda,
                                                                   const std::int8_t* b, index_t ldb, std::int32_t* out,
                                                                   index_t ldo) noexcept {
+    const index_t ahead = stream_ahead(C * ldb);
     __m512i acc[R][C];
     for (auto& row : acc)
       for (auto& x : row) x = _mm512_setzero_si512();
     for (index_t p = 0; p < kp; p += 64) {
       __m512i bv[C];
-      for (int c = 0; c < C; ++c) bv[c] = _mm512_loadu_si512(b + c * ldb + p);
+      for (int c = 0; c < C; ++c) {
+        if (Streamed) prefetch_ahead(b + c * ldb + p, ahead);
+        bv[c] = _mm512_loadu_si512(b + c * ldb + p);
+      }
       for (int r = 0; r < R; ++r) {
         const __m512i av = _mm512_loadu_si512(a + r * lda + p);
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av, bv[c]);
@@ -202,8 +217,9 @@ void int8_gemv_with(const policy::simd& p, const std::int8_t* a_bytes, index_t M
     for (index_t i = 0; i < M; ++i) {
       std::int32_t* row = sums + i * slice;
       index_t j = 0;
-      for (; j + 4 <= n; j += 4) Kernel::template dots<1, 4>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
-      for (; j < n; ++j) Kernel::template dots<1, 1>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
+      for (; j + 4 <= n; j += 4)
+        Kernel::template dots<1, 4, true>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
+      for (; j < n; ++j) Kernel::template dots<1, 1, true>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
       if constexpr (Kernel::offset_a) remove_unsigned_offset(row, b, j0, n);
       store(k, i, j0, n, static_cast<const std::int32_t*>(row));
     }

@@ -18,6 +18,7 @@
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm.hpp"
 #include "difftx/policy/simd/onednn_products.hpp"
+#include "difftx/policy/simd/stream_prefetch.hpp"
 
 namespace difftx {
 
@@ -61,7 +62,8 @@ void parallel_blocks(index_t rows, index_t cols, int threads, Block&& block) {
 }
 
 // out[r] = Σ_c x[c] · row[r·stride + c] for R rows, each read as one
-// sequential stream into partial sums, x's vector loaded once for all R.
+// sequential stream into partial sums, x's vector loaded once for all R,
+// every line prefetched whole groups of R rows ahead (stream_prefetch.hpp).
 // Decoding's float and double products read w this way, two rows at a time
 // (for_each_gemv_slice shares the rows out): on Intel's AVX-512 two rows side
 // by side read faster than one alone, as in the bfloat16 row_dots
@@ -72,6 +74,7 @@ template <int R, class A>
 void streamed_dots(const A* x, const A* row, index_t stride, index_t k, A* out) noexcept {
   using V = vec<A>;
   constexpr index_t W = V::size, unroll = R == 1 || W * sizeof(A) >= 64 ? 8 : 4;
+  const index_t ahead = stream_ahead(R * stride * index_t{sizeof(A)});
   V part[R][unroll];
   for (auto& r : part)
     for (auto& q : r) q = V(A(0));
@@ -80,8 +83,10 @@ void streamed_dots(const A* x, const A* row, index_t stride, index_t k, A* out) 
     DIFFTX_UNROLL(8)
     for (index_t u = 0; u < unroll; ++u) {
       const V xv = V::load_unaligned(x + c + u * W);
-      for (int r = 0; r < R; ++r)
+      for (int r = 0; r < R; ++r) {
+        if (u * W * index_t{sizeof(A)} % 64 == 0) prefetch_ahead(row + r * stride + c + u * W, ahead);
         part[r][u] = simd_detail::multiply_add(xv, V::load_unaligned(row + r * stride + c + u * W), part[r][u]);
+      }
     }
   for (; c + W <= k; c += W) {
     const V xv = V::load_unaligned(x + c);
