@@ -261,7 +261,8 @@ def checkpoint(raw, threads):
                     f"random tokens in one prefill, then {new} greedy decode steps; medians of 3. transformers: "
                     f"`generate` with SDPA attention; its decode time is generate({new}) minus generate(1). "
                     f"\"of bound\": difftx's decode step time against the time this machine takes to read the "
-                    f"bytes a step must read (weights and cache), measured between steps. \"spinning\": the "
+                    f"bytes a step must read (weights and cache), measured between steps by a plain read that "
+                    f"prefetches as the products do (memory_read.hpp). \"spinning\": the "
                     f"same share with OMP_WAIT_POLICY=active, idle threads spinning between the step's parallel "
                     f"regions as libgomp's default waiting does for gaps of microseconds. \"products converted "
                     f"to float\": bfloat16 with `--bf16-product converting`, the path of CPUs without "
@@ -303,8 +304,9 @@ def decode_products(raw):
                 streamed.append(f"{by_size[8]['share_of_read']:.0%} ({label})")
     return table("Decoding's products alone (`linear_forward` on one row of x, K = 1024), over matrices of each "
                  "size making 256 MB, each its own product and parallel region as a decode step's are, against "
-                 "a plain read of the same bytes on the same threads just before (Google Benchmark, median of 3 "
-                 "repetitions): the share is the read's time over the products'. A decode step of the folder "
+                 "a plain read of the same bytes on the same threads just before, which prefetches as the "
+                 "products do (Google Benchmark, median of 3 repetitions): the share is the read's time over the "
+                 "products'. A decode step of the folder "
                  "above reads matrices of 1 to 32 MB and a head of 128 to 512 MB. Threads between products: "
                  "sleeping (OMP_WAIT_POLICY=passive) or spinning (active).",
                  ["weights", "threads between products"] + [f"{mb} MB" for mb in sizes] +
