@@ -171,20 +171,24 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
   const auto* dop = device_pointer(d_o.data());
   const A* lam = Maps == 2 ? lambda.data() : nullptr;
 
-  // rowsum(dO ⊙ O_m) and dλ, in A
+  // rowsum(dO ⊙ O_m), in A, and dλ: from the rows' O_2 on CUDA cores, from
+  // P_2 in float on the tensor cores (attention_mma.cuh says why)
   Tensor<A, 4> rowsum({s.B, s.H, Maps, s.N}, p.memory());
   A* dlam = nullptr;
   if constexpr (Maps == 2) {
     dlam = dlambda.data();
     DIFFTX_CUDA_CHECK(cudaMemsetAsync(dlam, 0, sizeof(A), p.stream()));
   }
+  bool tensor_cores = false;
+  if constexpr (has_tensor_cores<T>) tensor_cores = own_attention_path(true, s.d) == attention_path::tensor_cores;
   const long long rows = static_cast<long long>(s.B) * s.N * s.H;
   attention_rowsums<Maps, DT><<<blocks_for(rows, 8), 256, 0, p.stream()>>>(
-      device_pointer(o.data()), Maps == 2 ? device_pointer(o2.data()) : nullptr, dop, lam, s, rowsum.data(), dlam);
+      device_pointer(o.data()), Maps == 2 ? device_pointer(o2.data()) : nullptr, dop, lam, s, rowsum.data(),
+      tensor_cores ? nullptr : dlam);
   DIFFTX_CUDA_CHECK(cudaGetLastError());
 
   if constexpr (has_tensor_cores<T>) {
-    if (own_attention_path(true, s.d) == attention_path::tensor_cores) {
+    if (tensor_cores) {
       Tensor<float, 5> dq_accum(dq.shape(), p.memory());  // zeroed; blocks add their part
       auto launch = [&](auto head) {
         constexpr int D = decltype(head)::value;
@@ -193,7 +197,7 @@ void attention_backward(const policy::cuda& p, cview<T, 5> q, cview<T, 5> k, cvi
         allow_shared_memory(kernel, bytes);
         kernel<<<dim3((s.N + mma_block - 1) / mma_block, s.G, s.B), mma_config<Maps, D>::threads, bytes, p.stream()>>>(
             qp, kp, vp, dop, lse.data(), rowsum.data(), lam, s, device_pointer(dk.data()), device_pointer(dv.data()),
-            dq_accum.data());
+            dq_accum.data(), dlam);
       };
       if (s.d == 64)
         launch(std::integral_constant<int, 64>{});

@@ -162,7 +162,8 @@ __global__ void __launch_bounds__(128)
       lse[((static_cast<long long>(b) * s.H + h) * Maps + m) * s.N + row] = running_max[m] + log_of(running_sum[m]);
 }
 
-// rowsum(dO ⊙ O_m) per row, with O_1 = O + λ O_2; dλ -= Σ rowsum(dO ⊙ O_2).
+// rowsum(dO ⊙ O_m) per row, with O_1 = O + λ O_2; dλ -= Σ rowsum(dO ⊙ O_2)
+// unless dlambda is null (the tensor-core backward sums dλ itself).
 // One warp per row of [B, N, H]; rowsum is [B, H, Maps, N]. lambda, rowsum and
 // dlambda are in the accumulation type A (dλ: one atomicAdd in A a block,
 // double too on sm_60+).
@@ -194,7 +195,8 @@ __global__ void attention_rowsums(const DT* o, const DT* o2, const DT* d_o, cons
       out[0] = first;
     }
   }
-  if constexpr (Maps == 2) block_atomic_add(dlambda, -second, in_range);
+  if constexpr (Maps == 2)
+    if (dlambda) block_atomic_add(dlambda, -second, in_range);  // the same pointer for the whole block
 }
 
 // dK, dV of 32 keys of one group over every query that sees them.
