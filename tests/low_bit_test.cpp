@@ -274,10 +274,11 @@ namespace {
 // vpdpbusd modelled on 16 int32 lanes (each adds four u8·s8 products, wrapping
 // modulo 2^32), in the layout of the AVX-512 VNNI kernel: it runs that
 // kernel's driver (the unsigned offset, its correction, the blocking) on every CPU.
+// (Streamed only asks the real kernels to prefetch: nothing to model.)
 struct modelled_vnni_int8 {
   static constexpr int rows = 4;
   static constexpr bool offset_a = true;
-  template <int R, int C>
+  template <int R, int C, bool Streamed = false>
   static void dots(index_t kp, const std::int8_t* a, index_t lda, const std::int8_t* b, index_t ldb, std::int32_t* out,
                    index_t ldo) noexcept {
     for (int r = 0; r < R; ++r)
