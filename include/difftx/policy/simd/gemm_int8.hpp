@@ -204,10 +204,13 @@ const std::int8_t* kernel_bytes(const policy::simd& p, const int8_rows<A>& a, al
 // (for_each_gemv_slice: one forward stream per thread, the slower thread's
 // rest taken from the back), each row of a against 4 rows of b a call;
 // store(k, i, j0, n, sums): row i of a against rows j0 .. j0 + n of part k.
+// Slices of 64 rows: with 16 (the float products' slice, half their bytes at
+// the same depth) the offset's removal, the scaling and the store after each
+// slice held the products 1-4% further below a plain read on an Intel Xeon.
 template <class Kernel, class A, class Store>
 void int8_gemv_with(const policy::simd& p, const std::int8_t* a_bytes, index_t M,
                     std::span<const int8_rows<A>* const> parts, Store&& store) {
-  constexpr index_t slice = 16;
+  constexpr index_t slice = 64;
   std::vector<index_t> rows;
   for (const auto* b : parts) rows.push_back(b->rows);
   for_each_gemv_slice(p, 1, std::span<const index_t>(rows), slice, [&](std::size_t k, index_t, index_t j0, index_t n) {
