@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "difftx/ops/int8.hpp"
@@ -217,12 +218,20 @@ void int8_gemv_with(const policy::simd& p, const std::int8_t* a_bytes, index_t M
     const int8_rows<A>& b = *parts[k];
     const index_t kp = b.padded;
     std::int32_t sums[gemv_max_rows * slice];
-    for (index_t i = 0; i < M; ++i) {
-      std::int32_t* row = sums + i * slice;
+    // b's slice streams from memory for a's first row; the others find it in cache.
+    const auto row_dots = [&](auto streamed, index_t i, std::int32_t* row) {
+      constexpr bool Streamed = decltype(streamed)::value;
       index_t j = 0;
       for (; j + 4 <= n; j += 4)
-        Kernel::template dots<1, 4, true>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
-      for (; j < n; ++j) Kernel::template dots<1, 1, true>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
+        Kernel::template dots<1, 4, Streamed>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
+      for (; j < n; ++j) Kernel::template dots<1, 1, Streamed>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
+    };
+    for (index_t i = 0; i < M; ++i) {
+      std::int32_t* row = sums + i * slice;
+      if (i == 0)
+        row_dots(std::true_type{}, i, row);
+      else
+        row_dots(std::false_type{}, i, row);
       if constexpr (Kernel::offset_a) remove_unsigned_offset(row, b, j0, n);
       store(k, i, j0, n, static_cast<const std::int32_t*>(row));
     }
