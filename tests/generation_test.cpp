@@ -143,6 +143,58 @@ TEST_CASE("sampler: draws follow the distribution (chi-square, fixed seed)") {
   }
 }
 
+TEST_CASE("sampler: draws over many blocks of weights follow the distribution (chi-square, fixed seed)") {
+  // 1000 tokens (eight blocks of candidate_set::weight_block, the last
+  // ragged), most of the mass in the last block and a bank of tokens of
+  // weight 0 (below e^-708) between; 200,000 draws counted in ten groups of
+  // 100 ids that straddle the blocks' edges. 44.8 is chi-square's 1 - 1e-6
+  // quantile with 9 degrees of freedom; a draw that walked the blocks wrong
+  // (a block skipped or counted twice) moves whole groups and fails.
+  std::vector<double> logits(1000);
+  random_stream rng(21);
+  for (std::size_t v = 0; v < logits.size(); ++v) logits[v] = rng.normal() + (v >= 900 ? 3.0 : 0.0);
+  for (std::size_t v = 330; v < 420; ++v) logits[v] = -800;
+  token_sampler sampler({.temperature = 1.0, .seed = 4});
+  const auto expected = sampler.distribution(std::span<const double>(logits));
+  REQUIRE(expected.size() == logits.size());
+  std::vector<double> want(10), got(10);
+  for (const auto& e : expected) want[static_cast<std::size_t>(e.token) / 100] += e.probability;
+  constexpr int draws = 200000;
+  for (int i = 0; i < draws; ++i) {
+    const token_t t = sampler.next(std::span<const double>(logits));
+    CHECK_FALSE((t >= 330 && t < 420));  // weight 0: never drawn
+    got[static_cast<std::size_t>(t) / 100] += 1;
+  }
+  double chi2 = 0;
+  for (std::size_t g = 0; g < want.size(); ++g) chi2 += (got[g] - draws * want[g]) * (got[g] - draws * want[g]) / (draws * want[g]);
+  CHECK(chi2 < 44.8);
+}
+
+TEST_CASE("exp_nonpositive: within an ulp of std::exp down to -708.39, 0 below, the same bits in a vectorized loop") {
+  // A million points over [-708.39, 0] and the edges; std::exp is correctly
+  // rounded to within an ulp itself, so 2 ulp bounds the two together.
+  std::vector<double> x;
+  for (int i = 0; i <= 1000000; ++i) x.push_back(-708.39 * i / 1000000.0);
+  for (const double edge : {-0.0, -1e-300, -0x1p-60, -708.3899999}) x.push_back(edge);
+  double worst = 0;
+  for (const double v : x) {
+    const double want = std::exp(v), got = exp_nonpositive(v);
+    worst = std::max(worst, std::abs(got - want) / (std::nextafter(want, 2.0) - want));
+  }
+  CHECK(worst <= 2.0);
+  CHECK(exp_nonpositive(0.0) == 1.0);  // the largest candidate's weight is exactly 1
+  for (const double v : {-708.4, -745.0, -746.0, -1e300, -std::numeric_limits<double>::infinity()})
+    CHECK(exp_nonpositive(v) == 0.0);
+  // The loop below is vectorized where the compiler can; a call through a
+  // pointer is not: every weight has the same bits either way.
+  std::vector<double> looped(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) looped[i] = exp_nonpositive(x[i]);
+  double (*volatile one_at_a_time)(double) = &exp_nonpositive;
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) differ += looped[i] != one_at_a_time(x[i]);
+  CHECK(differ == 0);
+}
+
 TEST_CASE("sampler: greedy is the first largest logit; the same seed draws the same tokens; bad options refused") {
   const std::vector<double> logits{0.5, 2.0, -1.0, 2.0};
   token_sampler greedy({});

@@ -4,7 +4,8 @@
 // likely candidate) or a seeded draw. token_sampler(options) builds the chain
 // transformers' generate applies, in its order (docs/semantics.md,
 // "Generation"); token_sampler(steps, seed) runs a chain of your own.
-// Everything runs in double on the host from the row's values with difftx's
+// Everything runs in double on the host from the row's values, with weights
+// exp_nonpositive gives the same bits on every CPU and difftx's
 // portable random stream, so a seed gives the same tokens wherever the
 // logits are the same.
 //
@@ -13,7 +14,7 @@
 //   difftx::token_t t = sampler.next(std::span<const float>(row));  // chosen, and added to the history
 #pragma once
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -86,14 +87,10 @@ class token_sampler {
   std::vector<token_probability> distribution(std::span<const T> logits) {
     run_chain(logits);
     if (!draws_) return {{candidates_.most_likely(), 1.0}};
-    const double largest = candidates_.largest_score();
+    const auto w = candidates_.weigh();
+    const auto kept = candidates_.kept();
     std::vector<token_probability> out;
-    double total = 0;
-    for (const token_t t : candidates_.kept()) {
-      out.push_back({t, std::exp(candidates_.score(t) - largest)});
-      total += out.back().probability;
-    }
-    for (auto& c : out) c.probability /= total;
+    for (std::size_t i = 0; i < kept.size(); ++i) out.push_back({kept[i], w.weights[i] / w.total});
     return out;
   }
 
@@ -118,22 +115,31 @@ class token_sampler {
   }
 
   // u uniform in [0, 1) from the stream; the first candidate (in increasing
-  // id) whose cumulative weight exp(score - largest) exceeds u times the
-  // total. The weights overwrite the scores, which the row needs no more.
+  // id) whose cumulative weight exceeds u times the total, the cumulative
+  // weight added block by block (candidate_set::weigh): the blocks' sums up
+  // to the block where it crosses, then that block's weights one by one.
+  // Where rounding leaves the one-by-one sum short of the block's, the
+  // block's last candidate of non-zero weight.
   token_t draw() {
-    const double largest = candidates_.largest_score();
-    auto scores = candidates_.scores();
-    double total = 0;
-    for (const token_t t : candidates_.kept()) total += scores[index(t)] = std::exp(scores[index(t)] - largest);
-    const double u = rng_.uniform() * total;
+    const auto w = candidates_.weigh();
+    const auto kept = candidates_.kept();
+    const double u = rng_.uniform() * w.total;
     double cumulative = 0;
-    for (const token_t t : candidates_.kept()) {
-      cumulative += scores[index(t)];
-      if (u < cumulative) return t;
-    }
-    return candidates_.kept().back();  // u within rounding of the total
+    std::size_t b = 0;
+    // The last block with weight: the largest candidate's weight is 1.
+    std::size_t last = w.block_sums.size() - 1;
+    while (w.block_sums[last] == 0) --last;
+    while (b < last && !(u < cumulative + w.block_sums[b])) cumulative += w.block_sums[b++];
+    const std::size_t first = b * candidate_set::weight_block, end = std::min(first + candidate_set::weight_block, kept.size());
+    std::size_t chosen = first;
+    for (std::size_t i = first; i < end; ++i)
+      if (w.weights[i] > 0) {
+        chosen = i;
+        cumulative += w.weights[i];
+        if (u < cumulative) break;
+      }
+    return kept[chosen];
   }
-  static std::size_t index(token_t t) noexcept { return static_cast<std::size_t>(t); }
 
   sampling_options options_;
   step_list steps_;

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <span>
 #include <string>
@@ -23,6 +24,7 @@
 
 #include "difftx/core/checks.hpp"
 #include "difftx/core/scalar_traits.hpp"
+#include "difftx/generation/exp_nonpositive.hpp"
 #include "difftx/ops/common.hpp"
 
 namespace difftx {
@@ -70,16 +72,27 @@ struct scored_token {
 class candidate_set {
  public:
   // Every token of the row a candidate, scored by its logit; input_error
-  // ("token_sampler", "logits", ...) for an empty row or a value that is not finite.
+  // ("token_sampler", "logits", ...) for an empty row or a value that is not
+  // finite. One pass compilers vectorize: a sum of x - x in lanes is NaN
+  // after a non-finite x, and only then is the row read again for its first.
   template <class T>
   void assign(std::span<const T> logits) {
     require_row(logits);
-    scores_.resize(logits.size());
-    kept_.resize(logits.size());
-    for (std::size_t v = 0; v < logits.size(); ++v) {
-      scores_[v] = finite_logit(logits, v);
-      kept_[v] = static_cast<token_t>(v);
-    }
+    const std::size_t n = logits.size();
+    scores_.resize(n);
+    kept_.resize(n);
+    std::array<double, lanes> check{};
+    const std::size_t whole = n / lanes * lanes;
+    for (std::size_t i = 0; i < whole; i += lanes)
+      for (std::size_t l = 0; l < lanes; ++l) {
+        const double x = scalar_traits<T>::to_double(logits[i + l]);
+        scores_[i + l] = x;
+        check[l] += x - x;
+      }
+    for (std::size_t v = whole; v < n; ++v) scores_[v] = finite_logit(logits, v);
+    if (std::any_of(check.begin(), check.end(), [](double c) { return c != 0; }))
+      for (std::size_t v = 0; v < whole; ++v) finite_logit(logits, v);  // the first non-finite's error
+    for (std::size_t v = 0; v < n; ++v) kept_[v] = static_cast<token_t>(v);
   }
   // The most likely token of the row (the smallest id of equal logits), read
   // once and checked as assign checks it, keeping no candidates: greedy
@@ -92,7 +105,7 @@ class candidate_set {
   template <class T>
   static token_t most_likely_of(std::span<const T> logits) {
     require_row(logits);
-    constexpr std::size_t block = 256, lanes = 16;
+    constexpr std::size_t block = 256;
     double largest = -std::numeric_limits<double>::infinity();
     std::size_t best_block = 0;
     for (std::size_t b0 = 0; b0 < logits.size(); b0 += block) {
@@ -127,15 +140,71 @@ class candidate_set {
   std::span<const token_t> kept() const noexcept { return kept_; }
 
   // Drops every candidate t for which keep(t) is false; the order stays.
+  // Every candidate is written and the end moves by keep(t), where a branch
+  // on it would be mispredicted at each change between kept and dropped.
   template <class Keep>
   void keep_if(Keep&& keep) {
-    std::erase_if(kept_, [&](token_t t) { return !keep(t); });
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < kept_.size(); ++i) {
+      const token_t t = kept_[i];
+      kept_[n] = t;
+      n += keep(t) ? 1 : 0;
+    }
+    kept_.resize(n);
   }
-  // The largest score of a candidate (there is always at least one).
+  // The largest score of a candidate (there is always at least one), kept in lanes.
   double largest_score() const noexcept {
-    double largest = score(kept_.front());
-    for (const token_t t : kept_) largest = std::max(largest, score(t));
-    return largest;
+    std::array<double, lanes> lane;
+    lane.fill(score(kept_.front()));
+    const auto larger = [](double& l, double x) { l = std::max(l, x); };
+    if (all_kept())
+      in_lanes(lane, 0, scores_.size(), larger, [&](std::size_t t) { return scores_[t]; });
+    else
+      in_lanes(lane, 0, kept_.size(), larger, [&](std::size_t i) { return score(kept_[i]); });
+    return *std::max_element(lane.begin(), lane.end());
+  }
+  // f(t) for every kept candidate t in increasing id: a loop over the whole
+  // row, which compilers vectorize, while every token is still a candidate.
+  template <class F>
+  void for_each_kept(F&& f) const {
+    for_each_kept_index([&](std::size_t, std::size_t t) { f(t); });
+  }
+  // f(i, kept()[i]) for every i, the same way.
+  template <class F>
+  void for_each_kept_index(F&& f) const {
+    if (all_kept())
+      for (std::size_t t = 0; t < scores_.size(); ++t) f(t, t);
+    else
+      for (std::size_t i = 0; i < kept_.size(); ++i) f(i, static_cast<std::size_t>(kept_[i]));
+  }
+
+  // The kept candidates' weights exp(score - largest) (exp_nonpositive.hpp),
+  // in the order of kept(), summed block by block: the draw and top-p add
+  // whole blocks until the one where their sum crosses what they look for.
+  struct weighed {
+    double largest;                       // the largest kept score (weight 1)
+    std::span<const double> weights;      // weights[i]: kept()[i]'s
+    std::span<const double> block_sums;   // block_sums[b]: weights[b·weight_block, (b + 1)·weight_block), in lanes
+    double total;                         // block_sums added in order
+  };
+  static constexpr std::size_t weight_block = 128;
+  weighed weigh() {
+    const double largest = largest_score();
+    const std::size_t n = kept_.size();
+    weights_.resize(n);
+    for_each_kept_index([&](std::size_t i, std::size_t t) { weights_[i] = exp_nonpositive(scores_[t] - largest); });
+    block_sums_.resize((n + weight_block - 1) / weight_block);
+    double total = 0;
+    for (std::size_t b = 0; b < block_sums_.size(); ++b) {
+      std::array<double, lanes> lane{};
+      const std::size_t first = b * weight_block;
+      in_lanes(lane, first, std::min(first + weight_block, n), [](double& l, double w) { l += w; },
+               [&](std::size_t i) { return weights_[i]; });
+      for (std::size_t width = lanes / 2; width > 0; width /= 2)
+        for (std::size_t l = 0; l < width; ++l) lane[l] += lane[l + width];
+      total += block_sums_[b] = lane[0];
+    }
+    return {largest, weights_, block_sums_, total};
   }
   // The kept candidate with the largest score, the smallest id of equal ones.
   token_t most_likely() const noexcept {
@@ -144,8 +213,10 @@ class candidate_set {
       if (score(t) > score(best)) best = t;
     return best;
   }
-  // A buffer a step may use for the length of its apply(), reused between rows.
+  // Buffers a step may use for the length of its apply(), reused between
+  // rows: candidates, and a small label (a band, a bucket) for each.
   std::vector<scored_token>& scratch() noexcept { return scratch_; }
+  std::vector<std::uint16_t>& label_scratch() noexcept { return labels_; }
 
  private:
   template <class T>
@@ -160,9 +231,22 @@ class candidate_set {
     return x;
   }
 
+  static constexpr std::size_t lanes = 16;
+  bool all_kept() const noexcept { return kept_.size() == scores_.size(); }
+  // op(lane[(i - begin) % lanes], value(i)) for i in [begin, end), as a loop compilers vectorize.
+  template <class Op, class Value>
+  static void in_lanes(std::array<double, lanes>& lane, std::size_t begin, std::size_t end, Op op, Value value) {
+    std::size_t i = begin;
+    for (; i + lanes <= end; i += lanes)
+      for (std::size_t l = 0; l < lanes; ++l) op(lane[l], value(i + l));
+    for (std::size_t l = 0; i < end; ++i, ++l) op(lane[l], value(i));
+  }
+
   std::vector<double> scores_;
   std::vector<token_t> kept_;
+  std::vector<double> weights_, block_sums_;
   std::vector<scored_token> scratch_;
+  std::vector<std::uint16_t> labels_;
 };
 
 // A step of a sampler chain. apply() must leave at least one candidate.

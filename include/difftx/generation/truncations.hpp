@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <optional>
+#include <span>
+#include <utility>
 
 #include "difftx/generation/sampling_step.hpp"
 
@@ -20,7 +23,7 @@ class temperature_step final : public sampling_step {
   explicit temperature_step(double temperature) : temperature_(temperature) {}
   void apply(candidate_set& c, const token_history&) const override {
     auto scores = c.scores();
-    for (const token_t t : c.kept()) scores[static_cast<std::size_t>(t)] /= temperature_;
+    c.for_each_kept([&](std::size_t t) { scores[t] /= temperature_; });
   }
 
  private:
@@ -65,32 +68,38 @@ class top_p_step final : public sampling_step {
   explicit top_p_step(double p) : p_(p) {}
   void apply(candidate_set& c, const token_history&) const override {
     if (p_ >= 1.0 || c.kept().size() == 1) return;
-    // Weights w = exp(score - largest) summed per band of score below the
+    // The weights (candidate_set::weigh) summed per band of score below the
     // largest: every band above the one where the bands' mass reaches p stays
     // whole, so only the tokens about that band are sorted, to find where
     // the rule ends among them.
-    const double largest = c.largest_score();
-    const auto band_of = [largest](double s) {
+    const auto w = c.weigh();
+    const auto band_of = [largest = w.largest](double s) {
       return static_cast<std::size_t>(std::min(double(bands - 1), (largest - s) * bands_per_unit));
     };
-    std::array<double, bands> mass{};
-    double total = 0;
-    for (const token_t t : c.kept()) {
-      const double w = std::exp(c.score(t) - largest);
-      total += w;
-      mass[band_of(c.score(t))] += w;
-    }
+    // Each candidate's band, in a loop compilers vectorize; then the bands'
+    // sums, interleaved over four copies so that a run of candidates in one
+    // band does not wait on each other's adds.
+    const auto kept = c.kept();
+    auto& band_of_kept = c.label_scratch();
+    band_of_kept.resize(kept.size());
+    const auto scores = c.scores();
+    c.for_each_kept_index(
+        [&](std::size_t i, std::size_t t) { band_of_kept[i] = static_cast<std::uint16_t>(band_of(scores[t])); });
+    std::array<std::array<double, bands>, 4> copies{};
+    for (std::size_t i = 0; i < kept.size(); ++i) copies[i % 4][band_of_kept[i]] += w.weights[i];
+    std::array<double, bands> mass;
+    for (std::size_t b = 0; b < bands; ++b) mass[b] = (copies[0][b] + copies[1][b]) + (copies[2][b] + copies[3][b]);
     std::size_t band = 0;
-    for (double above = mass[0]; above < p_ * total && band + 1 < bands;) above += mass[++band];
+    for (double above = mass[0]; above < p_ * w.total && band + 1 < bands;) above += mass[++band];
     // A band either side: the bands' sums round otherwise than the sorted sum.
     const std::size_t first = band > 0 ? band - 1 : 0, last = std::min(band + 1, bands - 1);
     double before = 0;
     for (std::size_t b = 0; b < first; ++b) before += mass[b];
-    auto boundary = ends_in(c, first, last, before, largest, total, band_of);
-    if (!boundary) boundary = ends_in(c, 0, bands - 1, 0.0, largest, total, band_of);
+    auto boundary = ends_in(c, w, first, last, before);
+    if (!boundary) boundary = ends_in(c, w, 0, bands - 1, 0.0);
     c.keep_if([&](token_t t) {
       const double s = c.score(t);
-      return s > boundary->score || (s == boundary->score && t <= boundary->token);
+      return (s > boundary->score) | ((s == boundary->score) & (t <= boundary->token));
     });
   }
 
@@ -102,21 +111,25 @@ class top_p_step final : public sampling_step {
   // increasing id) only the candidates of bands first..last, above which
   // weight `before` lies; none where the rule does not end among them (then
   // all bands are asked: it ends there).
-  template <class BandOf>
-  std::optional<scored_token> ends_in(candidate_set& c, std::size_t first, std::size_t last, double before,
-                                      double largest, double total, const BandOf& band_of) const {
+  // Each candidate's band is in c.label_scratch().
+  std::optional<scored_token> ends_in(candidate_set& c, const candidate_set::weighed& w, std::size_t first,
+                                      std::size_t last, double before) const {
     auto& sorted = c.scratch();
     sorted.clear();
-    for (const token_t t : c.kept())
-      if (const std::size_t b = band_of(c.score(t)); b >= first && b <= last)
-        sorted.push_back({t, c.score(t), std::exp(c.score(t) - largest)});
+    const auto kept = c.kept();
+    const std::span<const std::uint16_t> band_of_kept = c.label_scratch();
+    const auto scores = std::as_const(c).scores();
+    const std::size_t width = last - first;
+    for (std::size_t i = 0; i < kept.size(); ++i)
+      if (std::size_t(band_of_kept[i]) - first <= width)
+        sorted.push_back({kept[i], scores[static_cast<std::size_t>(kept[i])], w.weights[i]});
     std::ranges::sort(sorted, [](const scored_token& a, const scored_token& b) {
       return a.score > b.score || (a.score == b.score && a.token < b.token);
     });
-    if (sorted.empty() || (first > 0 && before / total >= p_)) return std::nullopt;
+    if (sorted.empty() || (first > 0 && before / w.total >= p_)) return std::nullopt;
     for (std::size_t n = 0; n < sorted.size(); ++n) {
       before += sorted[n].weight;
-      if (before / total >= p_) return sorted[n];
+      if (before / w.total >= p_) return sorted[n];
     }
     return last + 1 == bands ? std::optional<scored_token>(sorted.back()) : std::nullopt;
   }
