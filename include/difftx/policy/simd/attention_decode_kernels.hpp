@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <type_traits>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include <Eigen/Core>
 
 #include "difftx/policy/simd/common.hpp"
+#include "difftx/policy/simd/stream_prefetch.hpp"
 
 namespace difftx::simd_detail {
 
@@ -87,8 +89,12 @@ void dots_per_position(const A* x, index_t n, index_t per_piece, index_t d, cons
     if (c < d_vec) even_steps = add_step(xi + c, ki + c, even_steps);
     return even_steps + odd_steps;
   };
+  // Every line of the key rows ahead (stream_prefetch.hpp): the cache streams
+  // from memory once a step, as the weights do.
+  const index_t row_bytes = stride * index_t{sizeof(T)}, ahead = stream_ahead(row_bytes);
   for (index_t t = 0; t < keys; ++t) {
     const T* key = first + t * stride;
+    for (index_t b = 0; b < row_bytes; b += 64) prefetch_ahead(reinterpret_cast<const std::byte*>(key) + b, ahead);
     index_t i0 = 0;
     for (; i0 + W <= n; i0 += W) {
       V acc[W];
@@ -113,6 +119,7 @@ void weighted_sums_of_rows(const std::array<const A*, Maps>& p, const T* v_first
                            index_t dv, const std::array<A*, Maps>& out) {
   using V = vec<A>;
   constexpr index_t W = V::size;
+  const index_t ahead = stream_ahead(stride * index_t{sizeof(T)});  // the rows' lines this pass reads, ahead
   auto columns = [&](auto vectors, index_t c0) {
     constexpr index_t NV = decltype(vectors)::value;
     V acc[Maps][NV];
@@ -120,7 +127,10 @@ void weighted_sums_of_rows(const std::array<const A*, Maps>& p, const T* v_first
       for (auto& a : map_acc) a = V(A(0));
     for (index_t t = 0; t < keys; ++t) {
       V row[NV];
-      for (index_t v = 0; v < NV; ++v) row[v] = load_row_as<A>(v_first + t * stride + c0 + v * W);
+      for (index_t v = 0; v < NV; ++v) {
+        if (v * W * index_t{sizeof(T)} % 64 == 0) prefetch_ahead(v_first + t * stride + c0 + v * W, ahead);
+        row[v] = load_row_as<A>(v_first + t * stride + c0 + v * W);
+      }
       for (index_t m = 0; m < Maps; ++m) {
         const V pv(p[m][t]);
         for (index_t v = 0; v < NV; ++v) acc[m][v] = simd_detail::multiply_add(pv, row[v], acc[m][v]);
@@ -140,7 +150,10 @@ void weighted_sums_of_rows(const std::array<const A*, Maps>& p, const T* v_first
         for (index_t u = 0; u < NP; ++u) even[m][u] = odd[m][u] = V(A(0));
       for (index_t t = 0; t < keys; ++t) {
         bf16_pair_halves row[NP];
-        for (index_t u = 0; u < NP; ++u) row[u] = load_bf16_pairs(v_first + t * stride + first + 2 * u * W);
+        for (index_t u = 0; u < NP; ++u) {
+          if (2 * u * W * index_t{sizeof(T)} % 64 == 0) prefetch_ahead(v_first + t * stride + first + 2 * u * W, ahead);
+          row[u] = load_bf16_pairs(v_first + t * stride + first + 2 * u * W);
+        }
         for (index_t m = 0; m < Maps; ++m) {
           const V pv(p[m][t]);
           for (index_t u = 0; u < NP; ++u) {

@@ -1,6 +1,7 @@
 // Software prefetching for the loops that stream weights from memory once:
-// decoding's products, and read_through, which measures the rate they are
-// held to (memory_read.hpp).
+// decoding's products, its attention's reads of the KV cache
+// (attention_decode_kernels.hpp), and read_through, which measures the rate
+// they are held to (memory_read.hpp).
 //
 // Such a loop reads a group of rows side by side (two, or four, each a
 // sequential stream of 64-byte lines) and does arithmetic on every line. On an
