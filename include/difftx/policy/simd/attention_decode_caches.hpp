@@ -28,21 +28,25 @@ namespace difftx::simd_detail {
 
 // Group j's P·V for every map, acc[m][rows][dv] = P_m · V's `keys` rows (the
 // probabilities in scores). For a few query rows V (T or int8, row t at
-// v_first + t·stride) is read in place, once per row for all maps; for more,
-// block (V's rows as A, converted once per group) multiplies each map's
-// probabilities in Eigen.
+// v_first + t·stride) is read in place, once per two rows for all maps (a
+// second pass re-reads it from cache); for more, block (V's rows as A,
+// converted once per group) multiplies each map's probabilities in Eigen.
 template <int Maps, class A, class T>
 void weighted_sums_per_row(const block_scores<A>& scores, index_t j, const T* v_first, index_t stride, index_t keys,
                            index_t dv, const std::array<A*, Maps>& acc) {
-  for (index_t row = 0; row < scores.rows; ++row) {
-    std::array<const A*, Maps> p;
-    std::array<A*, Maps> out;
-    for (std::size_t m = 0; m < Maps; ++m) {
-      p[m] = scores.template row<Maps>(j, static_cast<index_t>(m), row);
-      out[m] = acc[m] + row * dv;
-    }
-    weighted_sums_of_rows<Maps>(p, v_first, stride, keys, dv, out);
-  }
+  auto rows_from = [&]<index_t R>(std::integral_constant<index_t, R>, index_t first_row) {
+    std::array<const A*, R * Maps> p;
+    std::array<A*, R * Maps> out;
+    for (index_t h = 0; h < R; ++h)
+      for (std::size_t m = 0; m < Maps; ++m) {
+        p[static_cast<std::size_t>(h) * Maps + m] = scores.template row<Maps>(j, static_cast<index_t>(m), first_row + h);
+        out[static_cast<std::size_t>(h) * Maps + m] = acc[m] + (first_row + h) * dv;
+      }
+    weighted_sums_of_rows<R * Maps>(p, v_first, stride, keys, dv, out);
+  };
+  index_t row = 0;
+  for (; row + 2 <= scores.rows; row += 2) rows_from(std::integral_constant<index_t, 2>{}, row);
+  if (row < scores.rows) rows_from(std::integral_constant<index_t, 1>{}, row);
 }
 template <int Maps, class A, class Block>
 void block_products(const block_scores<A>& scores, index_t j, index_t keys, const Block& block, index_t dv,

@@ -112,14 +112,17 @@ void dots_per_position(const A* x, index_t n, index_t per_piece, index_t d, cons
 
 // out[m][c] = Σ_t p[m][t] · V(t, c) for c < dv and each of the Maps maps, V's
 // row t at v_first + t·stride (T, or int8): the rows stream past once for
-// every few vectors of columns and all maps (a differential head's two maps
-// share V), those vectors of each map's out held in registers.
+// every few vectors of columns and all maps (a differential head's two maps,
+// and the query rows that share V's group), those vectors of each map's out
+// held in registers: fewer vectors at once for more maps, so that AVX2's 16
+// registers hold them.
 template <int Maps, class A, class T>
 void weighted_sums_of_rows(const std::array<const A*, Maps>& p, const T* v_first, index_t stride, index_t keys,
                            index_t dv, const std::array<A*, Maps>& out) {
   using V = vec<A>;
   constexpr index_t W = V::size;
   const index_t ahead = stream_ahead(stride * index_t{sizeof(T)});  // the rows' lines this pass reads, ahead
+  constexpr bool wide = sizeof(V) >= 64;  // AVX-512: 32 vector registers, else 16
   auto columns = [&](auto vectors, index_t c0) {
     constexpr index_t NV = decltype(vectors)::value;
     V acc[Maps][NV];
@@ -174,11 +177,12 @@ void weighted_sums_of_rows(const std::array<const A*, Maps>& p, const T* v_first
           }
         }
     };
-    constexpr index_t NP = W >= 16 ? 4 : 2;  // 4·Maps + 2·NP vectors: within AVX-512's 32 registers, AVX2's 16 at 2
+    constexpr index_t NP = (wide ? 4 : 2) / (Maps > 2 ? 2 : 1);  // 2·Maps·NP + 2·NP vectors
     for (; c0 + 2 * NP * W <= dv; c0 += 2 * NP * W) pair_columns(std::integral_constant<index_t, NP>{}, c0);
     for (; c0 + 2 * W <= dv; c0 += 2 * W) pair_columns(std::integral_constant<index_t, 1>{}, c0);
   }
-  for (; c0 + 4 * W <= dv; c0 += 4 * W) columns(std::integral_constant<index_t, 4>{}, c0);
+  constexpr index_t NV = wide || Maps <= 2 ? 4 : 2;  // Maps·NV + NV vectors
+  for (; c0 + NV * W <= dv; c0 += NV * W) columns(std::integral_constant<index_t, NV>{}, c0);
   for (; c0 + W <= dv; c0 += W) columns(std::integral_constant<index_t, 1>{}, c0);
   for (; c0 < dv; ++c0)
     for (index_t m = 0; m < Maps; ++m) {
