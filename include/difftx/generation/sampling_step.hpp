@@ -82,16 +82,10 @@ class candidate_set {
     scores_.resize(n);
     kept_.resize(n);
     std::array<double, lanes> check{};
-    const std::size_t whole = n / lanes * lanes;
-    for (std::size_t i = 0; i < whole; i += lanes)
-      for (std::size_t l = 0; l < lanes; ++l) {
-        const double x = scalar_traits<T>::to_double(logits[i + l]);
-        scores_[i + l] = x;
-        check[l] += x - x;
-      }
-    for (std::size_t v = whole; v < n; ++v) scores_[v] = finite_logit(logits, v);
+    in_lanes(check, 0, n, [](double& c, double x) { c += x - x; },
+             [&](std::size_t v) { return scores_[v] = scalar_traits<T>::to_double(logits[v]); });
     if (std::any_of(check.begin(), check.end(), [](double c) { return c != 0; }))
-      for (std::size_t v = 0; v < whole; ++v) finite_logit(logits, v);  // the first non-finite's error
+      for (std::size_t v = 0; v < n; ++v) finite_logit(logits, v);  // the first non-finite's error
     for (std::size_t v = 0; v < n; ++v) kept_[v] = static_cast<token_t>(v);
   }
   // The most likely token of the row (the smallest id of equal logits), read
@@ -163,13 +157,8 @@ class candidate_set {
       in_lanes(lane, 0, kept_.size(), larger, [&](std::size_t i) { return score(kept_[i]); });
     return *std::max_element(lane.begin(), lane.end());
   }
-  // f(t) for every kept candidate t in increasing id: a loop over the whole
+  // f(i, kept()[i]) for every i, in increasing id: a loop over the whole
   // row, which compilers vectorize, while every token is still a candidate.
-  template <class F>
-  void for_each_kept(F&& f) const {
-    for_each_kept_index([&](std::size_t, std::size_t t) { f(t); });
-  }
-  // f(i, kept()[i]) for every i, the same way.
   template <class F>
   void for_each_kept_index(F&& f) const {
     if (all_kept())

@@ -23,7 +23,7 @@ class temperature_step final : public sampling_step {
   explicit temperature_step(double temperature) : temperature_(temperature) {}
   void apply(candidate_set& c, const token_history&) const override {
     auto scores = c.scores();
-    c.for_each_kept([&](std::size_t t) { scores[t] /= temperature_; });
+    c.for_each_kept_index([&](std::size_t, std::size_t t) { scores[t] /= temperature_; });
   }
 
  private:

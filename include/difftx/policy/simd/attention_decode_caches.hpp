@@ -28,9 +28,9 @@ namespace difftx::simd_detail {
 
 // Group j's P·V for every map, acc[m][rows][dv] = P_m · V's `keys` rows (the
 // probabilities in scores). For a few query rows V (T or int8, row t at
-// v_first + t·stride) is read in place, once per two rows for all maps (a
-// second pass re-reads it from cache); for more, block (V's rows as A,
-// converted once per group) multiplies each map's probabilities in Eigen.
+// v_first + t·stride) is read in place, once for every two query rows and all
+// their maps; for more, block (V's rows as A, converted once per group)
+// multiplies each map's probabilities in Eigen.
 template <int Maps, class A, class T>
 void weighted_sums_per_row(const block_scores<A>& scores, index_t j, const T* v_first, index_t stride, index_t keys,
                            index_t dv, const std::array<A*, Maps>& acc) {
