@@ -11,7 +11,9 @@
 #include <bit>
 #include <cmath>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <difftx/difftx.hpp>
@@ -704,4 +706,52 @@ TEST_CASE("simd: results do not depend on the thread count") {
             testing::tolerance<float>::backward);
     }
   }
+}
+
+TEST_CASE("simd: a decode step's team runs every part once, on its own threads, and passes exceptions on") {
+  // run_decode_step holds the threads of a step of few rows (policy/simd/
+  // step_team.hpp): each fork inside it runs parts 0 .. n-1 once, part 0 on
+  // the calling thread; a fork inside a part runs on its thread alone; a
+  // thread left idle past the spin budget still wakes for the next part.
+  const policy::simd two{2};
+  const auto caller = std::this_thread::get_id();
+  int jobs = 0;
+  std::atomic<int> wrong{0};
+  run_decode_step(two, 1, [&] {
+    REQUIRE(simd_detail::step_team::led_here() != nullptr);
+    for (int job = 0; job < 200; ++job) {
+      std::array<std::atomic<int>, 2> runs{};
+      std::array<std::thread::id, 2> ids{};
+      if (job % 50 == 49) std::this_thread::sleep_for(simd_detail::step_team::spin_budget * 20);
+      simd_detail::fork(job % 2 ? 2 : 3, [&](int t, int n) {
+        if (n != 2) ++wrong;  // the team's size, fewer than three asked for
+        runs[static_cast<std::size_t>(t)].fetch_add(1);
+        ids[static_cast<std::size_t>(t)] = std::this_thread::get_id();
+        simd_detail::fork(2, [&](int inner_t, int inner_n) {
+          if (inner_t != 0 || inner_n != 1 || std::this_thread::get_id() != ids[static_cast<std::size_t>(t)]) ++wrong;
+        });
+      });
+      if (runs[0] != 1 || runs[1] != 1 || ids[0] != caller || ids[1] == caller) ++wrong;
+      ++jobs;
+    }
+  });
+  CHECK(jobs == 200);
+  CHECK(wrong.load() == 0);
+  CHECK(simd_detail::step_team::led_here() == nullptr);
+
+  // A part's exception, on either thread, reaches run_decode_step's caller.
+  for (int thrower : {0, 1})
+    CHECK_THROWS_AS(run_decode_step(two, 1, [&] {
+                      simd_detail::fork(2, [&](int t, int) {
+                        if (t == thrower) throw std::runtime_error("part");
+                      });
+                    }),
+                    std::runtime_error);
+  // Steps of more rows than decoding's products (their blocked paths open
+  // regions of their own), and one thread, lead no team.
+  bool led = true;
+  run_decode_step(two, simd_detail::gemv_max_rows + 1, [&] { led = simd_detail::step_team::led_here() != nullptr; });
+  CHECK_FALSE(led);
+  run_decode_step(policy::simd{1}, 1, [&] { led = simd_detail::step_team::led_here() != nullptr; });
+  CHECK_FALSE(led);
 }

@@ -25,6 +25,7 @@
 #include "difftx/modules/linear_weight_forms.hpp"
 #include "difftx/modules/parameter.hpp"
 #include "difftx/modules/rmsnorm.hpp"
+#include "difftx/ops/decode_step.hpp"
 #include "difftx/modules/sequences.hpp"
 #include "difftx/modules/stack.hpp"
 
@@ -150,9 +151,12 @@ class LanguageModel : public detail::linear_weight_forms<LanguageModel<Layer>> {
     head_forward(picked.const_view(), last.template reshape<3>({1, rows, config_.vocab_size}));
   }
   // New tokens [B, T] -> logits [B, T, V]; they join the caches.
+  // The whole step, head included, as one unit of the policy's work (ops/decode_step.hpp).
   void decode(cview<token_t, 2> tokens, cache_type& cache, TensorView<T, 3> logits) const {
-    infer("LanguageModel::decode", tokens, logits, {},
-          [&](cview<T, 3> x, TensorView<T, 3> hidden) { layers_.decode(x, cache, hidden); });
+    run_decode_step(policy(), tokens.size(), [&] {
+      infer("LanguageModel::decode", tokens, logits, {},
+            [&](cview<T, 3> x, TensorView<T, 3> hidden) { layers_.decode(x, cache, hidden); });
+    });
   }
 
   // dlogits [B, N, V] -> every parameter gradient accumulates (no input gradient: tokens are discrete)

@@ -12,6 +12,7 @@
 #include "difftx/modules/linear_weight_forms.hpp"
 #include "difftx/modules/parameter.hpp"
 #include "difftx/modules/sequences.hpp"
+#include "difftx/ops/decode_step.hpp"
 
 namespace difftx {
 
@@ -91,8 +92,10 @@ class Stack : public detail::linear_weight_forms<Stack<Module>> {
       cache[i].require_layout(where, layers_[i].cache_shape(x.extent(0), 0), x.extent(0), policy().memory().space());
       cache[i].require_decodable(where, x.extent(1));
     }
-    chain("Stack::decode", x, out, [&](std::size_t i, cview<T, 3> in, TensorView<T, 3> y) {
-      layers_[i].decode(in, cache[i], y);
+    run_decode_step(policy(), x.extent(0) * x.extent(1), [&] {
+      chain("Stack::decode", x, out, [&](std::size_t i, cview<T, 3> in, TensorView<T, 3> y) {
+        layers_[i].decode(in, cache[i], y);
+      });
     });
   }
 

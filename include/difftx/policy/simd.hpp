@@ -20,6 +20,7 @@
 #include "difftx/policy/simd/attention.hpp"
 #include "difftx/policy/simd/attention_decode.hpp"
 #include "difftx/policy/simd/cross_entropy.hpp"
+#include "difftx/policy/simd/decode_step.hpp"
 #include "difftx/policy/simd/diff_heads.hpp"
 #include "difftx/policy/simd/diff_lambda.hpp"
 #include "difftx/policy/simd/elementwise.hpp"

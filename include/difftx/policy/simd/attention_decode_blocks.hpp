@@ -124,19 +124,18 @@ struct decode_partials {
 template <int Maps, class Cache, class Visit>
 void for_each_block_scores(const policy::simd& p, const Cache& cache, const decode_schedule& schedule, Visit&& visit) {
   using A = typename Cache::accum;
-#pragma omp parallel num_threads(thread_count(p))
-  {
-    single_threaded_eigen();
+  std::atomic<index_t> next{0};  // blocks taken one at a time, as they finish
+  fork(static_cast<int>(std::min<index_t>(thread_count(p), schedule.blocks())), [&](int, int) {
+    const single_threaded_eigen one_thread;
     typename Cache::workspace ws;
     std::vector<A> s_values(static_cast<std::size_t>(schedule.G * Maps * schedule.rows * schedule.keys_per_block));
     const block_scores<A> s{s_values.data(), schedule.rows, schedule.keys_per_block};
-#pragma omp for schedule(dynamic, 1)
-    for (index_t block = 0; block < schedule.blocks(); ++block) {
+    for (index_t block; (block = next.fetch_add(1, std::memory_order_relaxed)) < schedule.blocks();) {
       const decode_block blk = schedule.locate(block);
       cache.scores(ws, blk, s);
       visit(ws, block, blk, s);
     }
-  }
+  });
 }
 
 // Where the logit grid of (b, j, map, row) is kept.
@@ -209,11 +208,10 @@ void combine_blocks(const policy::simd& p, const decode_schedule& schedule, deco
   const A neg_inf = -std::numeric_limits<A>::infinity();
   const index_t G = schedule.G, r = schedule.r, rows = schedule.rows, dv = part.dv, H = o.extent(2);
   const index_t items = schedule.blocks() * G;
-#pragma omp parallel num_threads(thread_count(p, items * Maps * rows * dv))
-  {
+  fork(thread_count(p, items * Maps * rows * dv), [&](int t, int n) {
     std::vector<A> out(static_cast<std::size_t>(Maps * dv));
-#pragma omp for schedule(static)
-    for (index_t bj = 0; bj < schedule.B * G; ++bj) {
+    const auto [first, last] = share_of(schedule.B * G, t, n);
+    for (index_t bj = first; bj < last; ++bj) {
       const index_t b = bj / G, j = bj % G, blocks_b = schedule.blocks_of(b);
       auto item = [&](index_t s) { return (schedule.first_block[static_cast<std::size_t>(b)] + s) * G + j; };
       for (index_t row = 0; row < rows; ++row) {
@@ -239,7 +237,7 @@ void combine_blocks(const policy::simd& p, const decode_schedule& schedule, deco
         from_accum(out.data(), dv, o.data() + ((b * schedule.new_tokens + i) * H + h) * dv);
       }
     }
-  }
+  });
 }
 
 // Decoding on cache (a float_cache_blocks or int8_cache_blocks,

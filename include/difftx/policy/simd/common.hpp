@@ -19,6 +19,7 @@
 
 #include "difftx/core/scalar_traits.hpp"
 #include "difftx/core/tensor.hpp"
+#include "difftx/policy/simd/step_team.hpp"
 #include "difftx/policy/simd/tag.hpp"
 
 // Fully unrolls the loop that follows at every optimisation level. The
@@ -301,8 +302,10 @@ void dots_with_rows(const A* x, const T* first, index_t stride, index_t rows, in
 template <class F>
 void parallel_chunks(const policy::simd& p, index_t n, index_t chunk, F&& f, index_t values_per_item = 1) {
   const index_t chunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for num_threads(chunks > 1 ? thread_count(p, n * values_per_item) : 1) schedule(static)
-  for (index_t c = 0; c < chunks; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
+  fork(chunks > 1 ? thread_count(p, n * values_per_item) : 1, [&](int t, int parts) {
+    const auto [first, last] = share_of(chunks, t, parts);
+    for (index_t c = first; c < last; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
+  });
 }
 
 // A chunk of T as the accumulation type: in place when T is its own

@@ -152,13 +152,8 @@ void for_each_gemv_slice(const policy::simd& p, index_t M, std::span<const index
   if (threads <= 1) return run_slices(0, slices);
   std::vector<slice_run> runs(static_cast<std::size_t>(threads));
   for (int t = 0; t < threads; ++t) runs[static_cast<std::size_t>(t)].assign(slices * t / threads, slices * (t + 1) / threads);
-#pragma omp parallel num_threads(threads)
-  {
-#if defined(_OPENMP)
-    slice_run& own = runs[static_cast<std::size_t>(omp_get_thread_num())];
-#else
-    slice_run& own = runs.front();
-#endif
+  fork(threads, [&](int t, int) {
+    slice_run& own = runs[static_cast<std::size_t>(t)];
     for (index_t s; (s = own.take_front()) >= 0;) run_slices(s, s + 1);
     for (;;) {
       slice_run* most = nullptr;  // (a team smaller than asked for leaves runs without an owner: taken here too)
@@ -172,7 +167,7 @@ void for_each_gemv_slice(const policy::simd& p, index_t M, std::span<const index
       const auto [s0, s1] = most->take_back(std::max<index_t>(1, most_left / 4));
       run_slices(s0, s1);
     }
-  }
+  });
 }
 
 // Over gemv_parts: row_dots(part, i, j, rows).

@@ -174,8 +174,10 @@ aligned_vector<std::uint8_t> offset_to_unsigned(const policy::simd& p, const int
   const index_t count = a.rows * a.padded;
   aligned_vector<std::uint8_t> offset(static_cast<std::size_t>(count));
   const std::int8_t* values = a.values.data();
-#pragma omp parallel for num_threads(thread_count(p)) schedule(static) if (count > (index_t{1} << 16))
-  for (index_t e = 0; e < count; ++e) offset[static_cast<std::size_t>(e)] = static_cast<std::uint8_t>(values[e] ^ 0x80);
+  fork(count > (index_t{1} << 16) ? thread_count(p) : 1, [&](int t, int n) {
+    const auto [first, last] = share_of(count, t, n);
+    for (index_t e = first; e < last; ++e) offset[static_cast<std::size_t>(e)] = static_cast<std::uint8_t>(values[e] ^ 0x80);
+  });
   return offset;
 }
 

@@ -34,13 +34,22 @@ using const_matrix_map = Eigen::Map<const row_matrix<A>>;
 // Eigen built with OpenMP threads a GEMM itself when omp_get_max_threads() > 1
 // and the calling team has one thread, which is every block of a one-part
 // split: a second split inside ours, slower than one thread (it packs for
-// threads it does not get). Setting the count inside our region changes only
-// this region's implicit task, never the caller's setting.
-inline void single_threaded_eigen() noexcept {
+// threads it does not get). The count is set for this scope only: a part run
+// on a step_team's lead shares the lead's implicit task with the rest of the step.
+class single_threaded_eigen {
+ public:
 #if defined(_OPENMP)
-  omp_set_num_threads(1);
+  single_threaded_eigen() noexcept : before_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~single_threaded_eigen() { omp_set_num_threads(before_); }
+#else
+  single_threaded_eigen() noexcept : before_(1) {}
 #endif
-}
+  single_threaded_eigen(const single_threaded_eigen&) = delete;
+  single_threaded_eigen& operator=(const single_threaded_eigen&) = delete;
+
+ private:
+  int before_;
+};
 
 // C[rows, cols] (=|+=) product, computed in row blocks (or column blocks when
 // there are few rows) on `threads` threads. block(C_block, r0, r1, c0, c1)
@@ -52,7 +61,7 @@ void parallel_blocks(index_t rows, index_t cols, int threads, Block&& block) {
   const index_t parts = std::max<index_t>(1, std::min<index_t>(threads, extent / 16));
 #pragma omp parallel for num_threads(static_cast<int>(parts)) schedule(static)
   for (index_t part = 0; part < parts; ++part) {
-    single_threaded_eigen();
+    const single_threaded_eigen one_thread;
     const index_t begin = extent * part / parts, end = extent * (part + 1) / parts;
     if (by_rows)
       block(begin, end, index_t{0}, cols);

@@ -25,12 +25,11 @@ int8_rows<accum_t<T>> quantized_rows(const policy::simd& p, cview<T, 2> x) {
   using A = accum_t<T>;
   const index_t M = x.extent(0), K = x.extent(1);
   int8_rows<A> rows(M, K);
-#pragma omp parallel num_threads(thread_count(p)) if (M > 4)
-  {
+  fork(M > 4 ? thread_count(p) : 1, [&](int t, int n) {
     std::vector<A> scratch;
-#pragma omp for schedule(static)
-    for (index_t m = 0; m < M; ++m) rows.set_row(m, accum_row(x.data() + m * K, K, scratch));
-  }
+    const auto [first, last] = share_of(M, t, n);
+    for (index_t m = first; m < last; ++m) rows.set_row(m, accum_row(x.data() + m * K, K, scratch));
+  });
   return rows;
 }
 

@@ -33,11 +33,10 @@ void rmsnorm_forward(const policy::simd& p, cview<T, 2> x, cview<T, 1> w, double
   const index_t M = x.extent(0), C = x.extent(1);
   constexpr index_t W = vec<A>::size;
   const std::vector<A> w_scaled = scaled_weight<T>(w, scale);
-#pragma omp parallel num_threads(thread_count(p, M * C))
-  {
+  fork(thread_count(p, M * C), [&](int t, int n) {
     std::vector<A> in_scratch, out(static_cast<std::size_t>(C));
-#pragma omp for schedule(static)
-    for (index_t m = 0; m < M; ++m) {
+    const auto [first, last] = share_of(M, t, n);
+    for (index_t m = first; m < last; ++m) {
       const A* row = accum_row(x.data() + m * C, C, in_scratch);
       const A sum_sq = dot(row, row, C);
       A r = A(1) / std::sqrt(sum_sq / static_cast<A>(C) + static_cast<A>(eps));
@@ -56,7 +55,7 @@ void rmsnorm_forward(const policy::simd& p, cview<T, 2> x, cview<T, 1> w, double
       for (; c < C; ++c) out[static_cast<std::size_t>(c)] = row[c] * r * w_scaled[static_cast<std::size_t>(c)];
       from_accum(out.data(), C, y.data() + m * C);
     }
-  }
+  });
 }
 
 // dy[M, C] -> dx[M, C] (assign), dw[C] (+=)

@@ -30,11 +30,10 @@ void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, Fill
   using index_batch = xsimd::batch<xsimd::as_unsigned_integer_t<A>>;
   constexpr index_t W = V::size;
   const index_t B = x.extent(0), N = x.extent(1), H = x.extent(2), d = x.extent(3);
-#pragma omp parallel num_threads(thread_count(p, x.size()))
-  {
+  fork(thread_count(p, x.size()), [&](int t, int parts) {
     std::vector<A> cosines(static_cast<std::size_t>(d)), sines(static_cast<std::size_t>(d)), scratch(static_cast<std::size_t>(d));
-#pragma omp for schedule(static)
-    for (index_t n = 0; n < N; ++n) {
+    const auto [first, last] = share_of(N, t, parts);
+    for (index_t n = first; n < last; ++n) {
       fill(offset + n, cosines, sines);
       for (index_t b = 0; b < B; ++b)
         for (index_t h = 0; h < H; ++h) {
@@ -56,7 +55,7 @@ void rope_rotate(const policy::simd& p, TensorView<T, 4> x, index_t offset, Fill
           from_accum(v, d, vector);
         }
     }
-  }
+  });
 }
 
 // Pair i's entries of a position's duplicated cosines and signed sines.
