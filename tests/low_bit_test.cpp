@@ -344,8 +344,9 @@ void check_int8_products_everywhere() {
 
 TEST_CASE("low-bit: int8 storage of a vector is the rule of ops/int8.hpp at every length and for every value") {
   // The rule written out value by value: step = max|x| / 127, x8 = nearbyint(x · 127 / max|x|) (half to even);
-  // zeros give step 0, a NaN or an infinity anywhere a NaN step and zeros. Lengths around the 16 lanes the
-  // maximum is taken in, with the largest magnitude and the non-finite value in every lane and in the tail.
+  // zeros give step 0, a NaN or an infinity of either sign anywhere a NaN step and zeros. Lengths around the
+  // vector widths the maximum is taken in, with the largest magnitude and the non-finite value in every lane
+  // and in the tail.
   random_stream rng(21);
   auto check = [&]<class A>(A) {
     for (const index_t n : {1, 2, 15, 16, 17, 31, 32, 33, 100, 1024}) {
@@ -354,8 +355,10 @@ TEST_CASE("low-bit: int8 storage of a vector is the rule of ops/int8.hpp at ever
           std::vector<A> x(static_cast<std::size_t>(n));
           for (auto& v : x) v = A(rng.normal());
           if (special >= 0 && kind == 1) x[static_cast<std::size_t>(special)] = A(-40);  // the largest, negative
-          if (special >= 0 && kind == 2) x[static_cast<std::size_t>(special)] = std::numeric_limits<A>::infinity();
-          if (special >= 0 && kind == 3) x[static_cast<std::size_t>(special)] = std::numeric_limits<A>::quiet_NaN();
+          const A sign = special % 2 ? A(-1) : A(1);
+          if (special >= 0 && kind == 2) x[static_cast<std::size_t>(special)] = sign * std::numeric_limits<A>::infinity();
+          if (special >= 0 && kind == 3)
+            x[static_cast<std::size_t>(special)] = std::copysign(std::numeric_limits<A>::quiet_NaN(), sign);
           if (kind == 4) std::fill(x.begin(), x.end(), special % 2 ? A(0) : -A(0));
           if (kind == 0 && n >= 4) x[0] = A(127), x[1] = A(0.5), x[2] = A(1.5), x[3] = A(-2.5);  // ties to even
           A largest(0);

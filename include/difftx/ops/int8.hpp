@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "difftx/core/checks.hpp"
@@ -43,31 +45,36 @@ struct int8_kv {
 
 namespace detail {
 
+// The largest |x_i| of x[0, n), and whether every x_i is finite. For IEEE
+// float and double, |x|'s bits read as an unsigned integer order as |x|
+// does, with an infinity's above every finite value and a NaN's above that:
+// one integer maximum, a reduction compilers vectorize (a floating maximum
+// they leave scalar without -ffinite-math-only: 0.5 µs of every decoded row
+// of 1024). The maximum is exact, so the order changes no bit.
+template <class A>
+std::pair<A, bool> largest_magnitude_if_finite(const A* x, index_t n) {
+  if constexpr (std::numeric_limits<A>::is_iec559 && (sizeof(A) == 4 || sizeof(A) == 8)) {
+    using bits = std::conditional_t<sizeof(A) == 4, std::uint32_t, std::uint64_t>;
+    constexpr bits magnitude = std::numeric_limits<bits>::max() >> 1;
+    bits largest = 0;
+    for (index_t i = 0; i < n; ++i) largest = std::max(largest, static_cast<bits>(std::bit_cast<bits>(x[i]) & magnitude));
+    const A m = std::bit_cast<A>(largest);
+    return {m, m <= std::numeric_limits<A>::max()};  // false for an infinity or a NaN
+  } else {
+    A m(0);
+    for (index_t i = 0; i < n; ++i) {
+      const A a = std::abs(x[i]);
+      if (!(a <= std::numeric_limits<A>::max())) return {a, false};
+      m = std::max(m, a);
+    }
+    return {m, true};
+  }
+}
+
 // x[0, n) as n int8 at out; returns the step (x_i ≈ step · out[i]).
-// The largest |x_i| is taken in lanes, a loop compilers vectorize (a running
-// maximum and a short-circuit check per value stayed scalar, 3 µs of every
-// decoded row of 1024); the maximum is exact, so the lanes change no bit.
 template <class A>
 A quantize_int8(const A* x, index_t n, std::int8_t* out) {
-  constexpr index_t lanes = 16;
-  A lane_largest[lanes] = {};
-  bool lane_finite[lanes];
-  std::fill(lane_finite, lane_finite + lanes, true);
-  const auto take = [&](index_t l, A value) {
-    const A magnitude = std::abs(value);
-    lane_finite[l] &= magnitude <= std::numeric_limits<A>::max();  // false for a NaN too
-    lane_largest[l] = magnitude > lane_largest[l] ? magnitude : lane_largest[l];
-  };
-  const index_t whole = n / lanes * lanes;
-  for (index_t i = 0; i < whole; i += lanes)
-    for (index_t l = 0; l < lanes; ++l) take(l, x[i + l]);
-  for (index_t l = 0; l < n - whole; ++l) take(l, x[whole + l]);
-  A m(0);
-  bool finite = true;
-  for (index_t l = 0; l < lanes; ++l) {
-    m = std::max(m, lane_largest[l]);
-    finite = finite && lane_finite[l];
-  }
+  const auto [m, finite] = largest_magnitude_if_finite(x, n);
   if (!finite || m == A(0)) {
     std::fill(out, out + n, std::int8_t{0});
     return finite ? A(0) : std::numeric_limits<A>::quiet_NaN();

@@ -173,10 +173,14 @@ template <class A>
 aligned_vector<std::uint8_t> offset_to_unsigned(const policy::simd& p, const int8_rows<A>& a) {
   const index_t count = a.rows * a.padded;
   aligned_vector<std::uint8_t> offset(static_cast<std::size_t>(count));
-  const std::int8_t* values = a.values.data();
+  // (the bytes through a function's own pointers: a store through a byte
+  // type may alias the closure's, which kept the loop from vectorizing)
+  const auto flip = [](const std::int8_t* in, std::uint8_t* out, index_t n) {
+    for (index_t e = 0; e < n; ++e) out[e] = static_cast<std::uint8_t>(in[e] ^ 0x80);
+  };
   fork(count > (index_t{1} << 16) ? thread_count(p) : 1, [&](int t, int n) {
     const auto [first, last] = share_of(count, t, n);
-    for (index_t e = first; e < last; ++e) offset[static_cast<std::size_t>(e)] = static_cast<std::uint8_t>(values[e] ^ 0x80);
+    flip(a.values.data() + first, offset.data() + first, last - first);
   });
   return offset;
 }
