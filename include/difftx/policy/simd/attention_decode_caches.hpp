@@ -130,11 +130,14 @@ struct decode_queries {
   bool few_rows() const { return rows <= gemv_rows; }
   // Few rows: every group's and map's query rows against the block's keys in
   // place (E: T or int8; key t0's row at k_first, every group and map).
-  template <class E>
+  // v_first: the block's first row of values (F: T or int8, every group),
+  // which the dots ask for into L2 as they go (dots_per_position).
+  template <class E, class F>
   void dots_in_place(decode_workspace<accum>& ws, const decode_block& blk, const block_scores<accum>& s,
-                     const E* k_first) const {
+                     const E* k_first, const F* v_first) const {
     all_query_rows<Maps, T, E>(q, blk.b, G, r, scale, ws.q_rows);
-    dots_per_position(ws.q_rows.data(), G * Maps * rows, rows, d, k_first, G * Maps * d, blk.keys, s.s, s.s_stride);
+    dots_per_position(ws.q_rows.data(), G * Maps * rows, rows, d, k_first, G * Maps * d, blk.keys, s.s, s.s_stride,
+                      reinterpret_cast<const std::byte*>(v_first), G * dv * index_t{sizeof(F)});
   }
   // More rows: per group j and map m, Eigen's product of its query rows with
   // key_rows(j, m), the block's keys as A (a strided_rows).
@@ -166,7 +169,7 @@ struct float_cache_blocks {
   void scores(workspace& ws, const decode_block& blk, const block_scores<accum>& s) const {
     const index_t S = k.extent(1), G = queries.G, d = queries.d;
     const T* k_first = k.data() + (blk.b * S + blk.t0) * G * Maps * d;  // key t0's row: every group and map
-    if (queries.few_rows()) return queries.dots_in_place(ws, blk, s, k_first);
+    if (queries.few_rows()) return queries.dots_in_place(ws, blk, s, k_first, v.data() + (blk.b * v.extent(1) + blk.t0) * G * queries.dv);
     queries.products(ws, blk, s, [&](index_t j, index_t m) {
       const accum* k_block = rows_as_accum<T>(k_first + (j * Maps + m) * d, blk.keys, d, G * Maps * d, ws.k_scratch);
       return strided_rows<accum>(k_block, blk.keys, d, Eigen::OuterStride<>(in_place ? G * Maps * d : d));
@@ -200,7 +203,7 @@ struct int8_cache_blocks {
     const std::int8_t* k_first = kv.keys8.data() + (blk.b * S + blk.t0) * G * Maps * d;
     const accum* steps = kv.key_steps.data() + (blk.b * S + blk.t0) * G * Maps;  // [keys][G][Maps]
     if (queries.few_rows()) {
-      queries.dots_in_place(ws, blk, s, k_first);
+      queries.dots_in_place(ws, blk, s, k_first, kv.values8.data() + (blk.b * kv.values8.extent(1) + blk.t0) * G * queries.dv);
       for (index_t j = 0; j < G; ++j)
         for (index_t m = 0; m < Maps; ++m)
           for (index_t row = 0; row < queries.rows; ++row) {

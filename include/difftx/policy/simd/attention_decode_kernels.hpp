@@ -56,9 +56,15 @@ void to_pair_order(A* x, index_t d) {
 // x + i·d, in pair order for reads_pairs) meets piece i / per_piece. A key's
 // row is read once for all query rows, W of them at a time with their sums
 // reduced across lanes together.
+//
+// The block's values (values_first, a row of values_row_bytes per key) are
+// asked for into L2 beside each key: P·V reads them next, and the arithmetic
+// here (a lane reduction per key) leaves memory idle enough to fetch them,
+// which a read of its own in P·V did not overlap (a 375M model's attention
+// on an Intel Xeon: 40 -> 36 µs a float32 layer, 28 -> 26 bfloat16).
 template <class A, class T>
 void dots_per_position(const A* x, index_t n, index_t per_piece, index_t d, const T* first, index_t stride,
-                       index_t keys, A* s, index_t s_stride) {
+                       index_t keys, A* s, index_t s_stride, const std::byte* values_first, index_t values_row_bytes) {
   using V = vec<A>;
   constexpr index_t W = V::size, step = row_step<A, T>;
   const index_t d_vec = d / step * step;
@@ -95,6 +101,7 @@ void dots_per_position(const A* x, index_t n, index_t per_piece, index_t d, cons
   for (index_t t = 0; t < keys; ++t) {
     const T* key = first + t * stride;
     for (index_t b = 0; b < row_bytes; b += 64) prefetch_ahead(reinterpret_cast<const std::byte*>(key) + b, ahead);
+    for (index_t b = 0; b < values_row_bytes; b += 64) prefetch_into_l2(values_first + t * values_row_bytes + b);
     index_t i0 = 0;
     for (; i0 + W <= n; i0 += W) {
       V acc[W];

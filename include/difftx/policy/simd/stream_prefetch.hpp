@@ -44,4 +44,14 @@ inline void prefetch_ahead(const void* at, index_t ahead) noexcept {
 #endif
 }
 
+// Asks for the line at `at` into L2 and the levels past it (prefetcht1):
+// for data read a little later, by another loop, that should not crowd L1.
+inline void prefetch_into_l2(const void* at) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(at, 0, 2);
+#else
+  (void)at;
+#endif
+}
+
 }  // namespace difftx::simd_detail
