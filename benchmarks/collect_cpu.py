@@ -263,8 +263,9 @@ def checkpoint(raw, threads):
                     f"\"of bound\": difftx's decode step time against the time this machine takes to read the "
                     f"bytes a step must read (weights and cache), measured between steps by a plain read that "
                     f"prefetches as the products do (memory_read.hpp). \"spinning\": the "
-                    f"same share with OMP_WAIT_POLICY=active, idle threads spinning between the step's parallel "
-                    f"regions as libgomp's default waiting does for gaps of microseconds. \"products converted "
+                    f"same share with OMP_WAIT_POLICY=active, OpenMP's idle threads spinning between steps too "
+                    f"(within a step the step's own team spins between parts either way, step_team.hpp). "
+                    f"\"products converted "
                     f"to float\": bfloat16 with `--bf16-product converting`, the path of CPUs without "
                     f"AVX512_BF16, where `automatic` decodes on the dot-product instruction.",
                     ["dtype", "difftx prefill tokens/s", "transformers prefill tokens/s",
