@@ -185,6 +185,17 @@ TEST_CASE("ops check their own arguments") {
         MultiHead<double, 2>({.d_model = 8, .heads = 2, .rope_scaling = {.type = rope_type::linear, .factor = -1.0}});
       },
       "MultiHead", "config.rope_scaling.factor", "> 0", "-1");
+  expect_input_error(
+      [&] { rope_forward(policy::reference{}, pairs.view(), 0, 10000.0, {.type = rope_type::standard, .factor = 2.0}); },
+      "rope_forward", "scaling.factor", "use rope_type::linear", "2");
+  expect_input_error(
+      [&] {
+        MultiHead<double, 2>({.d_model = 8,
+                              .heads = 2,
+                              .rope_scaling = {.type = rope_type::llama3, .factor = 8.0, .low_freq_factor = 2.0,
+                                               .high_freq_factor = 1.0, .original_max_positions = 64.0}});
+      },
+      "MultiHead", "config.rope_scaling.high_freq_factor", "> low_freq_factor (2.0", "1");
   expect_input_error([&] { MultiHead<double, 2>({.d_model = 8, .heads = 2, .subln_eps = 0.0}); }, "MultiHead",
                      "config.subln_eps", "eps > 0", "0");
   Tensor<double, 2> x({3, 4}), w({5, 6}), y({3, 5});
