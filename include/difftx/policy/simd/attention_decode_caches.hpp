@@ -165,11 +165,15 @@ struct float_cache_blocks {
   cview<T, 4> v;
   static constexpr bool in_place = std::is_same_v<T, accum>;
 
+  // Key t0's row of values: every group's.
+  const T* values_first(const decode_block& blk) const {
+    return v.data() + (blk.b * v.extent(1) + blk.t0) * queries.G * queries.dv;
+  }
   // S of every group, map and query row against the block's keys.
   void scores(workspace& ws, const decode_block& blk, const block_scores<accum>& s) const {
     const index_t S = k.extent(1), G = queries.G, d = queries.d;
     const T* k_first = k.data() + (blk.b * S + blk.t0) * G * Maps * d;  // key t0's row: every group and map
-    if (queries.few_rows()) return queries.dots_in_place(ws, blk, s, k_first, v.data() + (blk.b * v.extent(1) + blk.t0) * G * queries.dv);
+    if (queries.few_rows()) return queries.dots_in_place(ws, blk, s, k_first, values_first(blk));
     queries.products(ws, blk, s, [&](index_t j, index_t m) {
       const accum* k_block = rows_as_accum<T>(k_first + (j * Maps + m) * d, blk.keys, d, G * Maps * d, ws.k_scratch);
       return strided_rows<accum>(k_block, blk.keys, d, Eigen::OuterStride<>(in_place ? G * Maps * d : d));
@@ -178,8 +182,8 @@ struct float_cache_blocks {
   // acc[m] = P_m · V of group j, the probabilities in s.
   void values(workspace& ws, const decode_block& blk, const block_scores<accum>& s, index_t j,
               const std::array<accum*, Maps>& acc) const {
-    const index_t S = v.extent(1), G = queries.G, dv = queries.dv;
-    const T* v_first = v.data() + ((blk.b * S + blk.t0) * G + j) * dv;
+    const index_t G = queries.G, dv = queries.dv;
+    const T* v_first = values_first(blk) + j * dv;
     if (queries.few_rows()) return weighted_sums_per_row<Maps>(s, j, v_first, G * dv, blk.keys, dv, acc);
     const accum* v_block = rows_as_accum<T>(v_first, blk.keys, dv, G * dv, ws.v_scratch);
     block_products<Maps>(s, j, blk.keys,
@@ -198,12 +202,17 @@ struct int8_cache_blocks {
   decode_queries<Maps, T> queries;
   const int8_kv<accum>& kv;
 
+  // Key t0's row of values: every group's.
+  const std::int8_t* values_first(const decode_block& blk) const {
+    return kv.values8.data() + (blk.b * kv.values8.extent(1) + blk.t0) * queries.G * queries.dv;
+  }
+
   void scores(workspace& ws, const decode_block& blk, const block_scores<accum>& s) const {
     const index_t S = kv.keys8.extent(1), G = queries.G, d = queries.d;
     const std::int8_t* k_first = kv.keys8.data() + (blk.b * S + blk.t0) * G * Maps * d;
     const accum* steps = kv.key_steps.data() + (blk.b * S + blk.t0) * G * Maps;  // [keys][G][Maps]
     if (queries.few_rows()) {
-      queries.dots_in_place(ws, blk, s, k_first, kv.values8.data() + (blk.b * kv.values8.extent(1) + blk.t0) * G * queries.dv);
+      queries.dots_in_place(ws, blk, s, k_first, values_first(blk));
       for (index_t j = 0; j < G; ++j)
         for (index_t m = 0; m < Maps; ++m)
           for (index_t row = 0; row < queries.rows; ++row) {
@@ -221,7 +230,7 @@ struct int8_cache_blocks {
   void values(workspace& ws, const decode_block& blk, const block_scores<accum>& s, index_t j,
               const std::array<accum*, Maps>& acc) const {
     const index_t S = kv.values8.extent(1), G = queries.G, dv = queries.dv;
-    const std::int8_t* v_first = kv.values8.data() + ((blk.b * S + blk.t0) * G + j) * dv;
+    const std::int8_t* v_first = values_first(blk) + j * dv;
     const accum* steps = kv.value_steps.data() + (blk.b * S + blk.t0) * G + j;
     if (queries.few_rows()) {
       for (index_t m = 0; m < Maps; ++m)  // p_t · step_t: the probabilities are not needed after this

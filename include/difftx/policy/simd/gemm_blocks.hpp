@@ -151,7 +151,10 @@ void for_each_gemv_slice(const policy::simd& p, index_t M, std::span<const index
   };
   if (threads <= 1) return run_slices(0, slices);
   std::vector<slice_run> runs(static_cast<std::size_t>(threads));
-  for (int t = 0; t < threads; ++t) runs[static_cast<std::size_t>(t)].assign(slices * t / threads, slices * (t + 1) / threads);
+  for (int t = 0; t < threads; ++t) {
+    const auto [first_slice, last_slice] = share_of(slices, t, threads);
+    runs[static_cast<std::size_t>(t)].assign(first_slice, last_slice);
+  }
   fork(threads, [&](int t, int) {
     slice_run& own = runs[static_cast<std::size_t>(t)];
     for (index_t s; (s = own.take_front()) >= 0;) run_slices(s, s + 1);

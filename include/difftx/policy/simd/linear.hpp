@@ -62,7 +62,7 @@ void parallel_blocks(index_t rows, index_t cols, int threads, Block&& block) {
 #pragma omp parallel for num_threads(static_cast<int>(parts)) schedule(static)
   for (index_t part = 0; part < parts; ++part) {
     const single_threaded_eigen one_thread;
-    const index_t begin = extent * part / parts, end = extent * (part + 1) / parts;
+    const auto [begin, end] = share_of(extent, static_cast<int>(part), static_cast<int>(parts));
     if (by_rows)
       block(begin, end, index_t{0}, cols);
     else
