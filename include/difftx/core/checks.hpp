@@ -2,9 +2,9 @@
 // the entry, the argument, what was expected and what came; none writes anything.
 //
 // The checks run on every call, a decode step's a few hundred times, so a
-// message costs nothing until a check fails: require takes each part as text
-// or as a callable that builds it ([&] { return "shape " + shape_string(s); }),
-// called only then.
+// message costs nothing until a check fails: require takes the argument's
+// name and each part as text or as a callable that builds it
+// ([&] { return "shape " + shape_string(s); }), called only then.
 #pragma once
 
 #include <cmath>
@@ -30,13 +30,13 @@ std::string message_part(Part&& part) {
 }
 }  // namespace detail
 
-// Throws input_error(where, argument, expected, got) unless ok; expected and
-// got are text or callables returning it.
-template <class Expected, class Got>
-void require(bool ok, std::string_view where, std::string_view argument, Expected&& expected, Got&& got) {
+// Throws input_error(where, argument, expected, got) unless ok; argument,
+// expected and got are text or callables returning it.
+template <class Argument, class Expected, class Got>
+void require(bool ok, std::string_view where, Argument&& argument, Expected&& expected, Got&& got) {
   if (ok) [[likely]]
     return;
-  throw input_error(std::string(where), std::string(argument), detail::message_part(expected),
+  throw input_error(std::string(where), detail::message_part(argument), detail::message_part(expected),
                     detail::message_part(got));
 }
 

@@ -66,22 +66,22 @@ namespace detail {
 // step checks every layer's parameters (formatting them cost 1% of a step).
 inline void check_rope_parameters(std::string_view where, std::string_view theta_key, double theta,
                                   std::string_view key, const rope_scaling& s) {
-  const auto fail = [&](const char* name, auto&& expected, double got) {
-    require(false, where, std::string(key) + "." + name, expected, [&] { return std::to_string(got); });
-  };
+  const auto named = [key](const char* name) { return [key, name] { return std::string(key) + "." + name; }; };
+  const auto text = [](double v) { return [v] { return std::to_string(v); }; };
   const auto finite_positive = [&](double v, const char* name, const char* expected) {
-    if (!(v > 0 && std::isfinite(v))) fail(name, expected, v);
+    require(v > 0 && std::isfinite(v), where, named(name), expected, text(v));
   };
-  require(theta > 0 && std::isfinite(theta), where, theta_key, "a finite theta > 0", [&] { return std::to_string(theta); });
+  require(theta > 0 && std::isfinite(theta), where, theta_key, "a finite theta > 0", text(theta));
   finite_positive(s.factor, "factor", "a finite scaling factor > 0");
-  if (s.type == rope_type::standard && s.factor != 1.0)
-    fail("factor", "1 (the default RoPE does not scale; use rope_type::linear)", s.factor);
+  if (s.type == rope_type::standard)
+    require(s.factor == 1.0, where, named("factor"), "1 (the default RoPE does not scale; use rope_type::linear)",
+            text(s.factor));
   if (s.type != rope_type::llama3) return;
   finite_positive(s.low_freq_factor, "low_freq_factor", "a finite low_freq_factor > 0");
   finite_positive(s.original_max_positions, "original_max_positions", "a finite original context length > 0");
-  if (!(s.high_freq_factor > s.low_freq_factor && std::isfinite(s.high_freq_factor)))
-    fail("high_freq_factor", [&] { return "a finite high_freq_factor > low_freq_factor (" + std::to_string(s.low_freq_factor) + ")"; },
-         s.high_freq_factor);
+  require(s.high_freq_factor > s.low_freq_factor && std::isfinite(s.high_freq_factor), where, named("high_freq_factor"),
+          [&] { return "a finite high_freq_factor > low_freq_factor (" + std::to_string(s.low_freq_factor) + ")"; },
+          text(s.high_freq_factor));
 }
 
 // What every RoPE call needs of x and the offset.
