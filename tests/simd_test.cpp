@@ -18,6 +18,7 @@
 
 #include <difftx/difftx.hpp>
 #include <difftx/policy/simd.hpp>
+#include <difftx/policy/simd/amx_tile_model.hpp>
 #include <difftx/testing/tolerance.hpp>
 
 #include "support/compare_modules.hpp"
@@ -592,6 +593,50 @@ TEST_CASE("simd: the bfloat16 dot-product path agrees with the converting produc
 #else
   MESSAGE("not an x86-64 GNU-compatible build: no dot-product instruction path, only its model checked");
 #endif
+}
+
+// Several prompts' bfloat16 products on AMX (gemv_amx_bf16.hpp): the tile
+// model on every CPU, and the instructions, through linear_forward, where the
+// CPU and OS grant tile data. Each result sums exact products in float (within
+// K·u₃₂·Σ|x·w| of the exact sum, in whatever order the tile adds them) and is
+// rounded to bfloat16 once (2⁻⁸·|y|): the bound below, with the float part
+// doubled. A wrong pairing, row or column misses by O(|y|). Shapes: 5, 8 and
+// 16 rows of x, a slice of w's rows cut short (40 = 2·16 + 8), one and three
+// runs of depth.
+TEST_CASE("simd: several rows of bfloat16 x on AMX tiles, modelled everywhere, the instructions where granted") {
+  for (auto [M, N, K] : {std::array<index_t, 3>{5, 16, 32}, {8, 40, 96}, {16, 40, 64}, {8, 3, 32}}) {
+    const auto x = test_support::random_tensor<Eigen::bfloat16, 2>({M, K}, 1);
+    const auto w = test_support::random_tensor<Eigen::bfloat16, 2>({N, K}, 2);
+    auto check = [&](const Tensor<Eigen::bfloat16, 2>& y, const char* what) {
+      int outside = 0;
+      for (index_t i = 0; i < M; ++i)
+        for (index_t n = 0; n < N; ++n) {
+          double exact = 0, magnitude = 0;
+          for (index_t k = 0; k < K; ++k) {
+            const double product = double(float(x(i, k))) * double(float(w(n, k)));
+            exact += product;
+            magnitude += std::abs(product);
+          }
+          const double bound = std::ldexp(std::abs(exact), -8) + 2.0 * double(K) * std::ldexp(magnitude, -24);
+          outside += std::abs(double(float(y(i, n))) - exact) > bound;
+        }
+      INFO(what << ": M=" << M << " N=" << N << " K=" << K);
+      CHECK(outside == 0);
+    };
+    Tensor<Eigen::bfloat16, 2> y({M, N});
+    const simd_detail::gemv_part<Eigen::bfloat16> part{w.data(), N, y.data()};
+    simd_detail::amx_bf16_gemv<simd_detail::amx_tile_model>(policy::simd{2}, M, K, x.data(), std::span(&part, 1));
+    check(y, "tile model");
+    policy::simd amx{2};
+    amx.amx_tiles = true;
+    if (simd_detail::amx_gemv_takes(amx, M, K)) {
+      Tensor<Eigen::bfloat16, 2> y_amx({M, N});
+      linear_forward(amx, x.const_view(), w.const_view(), y_amx.view());
+      check(y_amx, "AMX");
+    } else {
+      MESSAGE("no AMX-BF16 tile data here: the tile product was run on its model only");
+    }
+  }
 }
 
 TEST_CASE("simd: MultiHead over the shape sweep") {

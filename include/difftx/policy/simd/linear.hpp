@@ -17,6 +17,7 @@
 #include "difftx/ops/linear.hpp"
 #include "difftx/policy/simd/common.hpp"
 #include "difftx/policy/simd/gemm.hpp"
+#include "difftx/policy/simd/gemv_amx_bf16.hpp"
 #include "difftx/policy/simd/onednn_products.hpp"
 #include "difftx/policy/simd/stream_prefetch.hpp"
 
@@ -187,15 +188,20 @@ void float_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::sp
   });
 }
 
-// Decoding's products of x[M, K] (M ≤ gemv_max_rows) with each part's w, in
-// any number type: float and double streamed (float_gemv); float16 and
-// bfloat16 on the dot-product instruction where the policy's setting
-// resolves to it (bf16_product.hpp), else converted in registers.
+// Decoding's products of x[M, K] (M ≤ streamed_max_rows) with each part's w,
+// in any number type: float and double streamed (float_gemv); bfloat16 of
+// more than gemv_max_rows rows on AMX where it takes them (gemv_amx_bf16.hpp);
+// float16 and bfloat16 on the dot-product instruction where the policy's
+// setting resolves to it (bf16_product.hpp), else converted in registers.
 template <class T>
 void decoding_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::span<const gemv_part<T>> parts) {
   if constexpr (std::is_same_v<T, accum_t<T>>) {
     float_gemv(p, M, K, x, parts);
   } else {
+#if DIFFTX_AMX
+    if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+      if (amx_gemv_takes(p, M, K)) return amx_bf16_gemv<amx_tile_unit>(p, M, K, x, parts);
+#endif
 #if DIFFTX_BF16_PAIRS
     if constexpr (std::is_same_v<T, Eigen::bfloat16>)
       if (p.bf16_decoding_product_used() == policy::bf16_product::dot_instructions)
@@ -213,7 +219,7 @@ void float_linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w,
   detail::check_linear("linear_forward", memory_space::host, x, w, y, "y");
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
   if (onednn_linear_forward(p, x, w, y, packed)) return;
-  if (M <= gemv_max_rows) {  // decoding
+  if (M <= streamed_max_rows<T>(p)) {  // decoding
     const gemv_part<T> part{w.data(), N, y.data()};
     decoding_gemv(p, M, K, x.data(), std::span(&part, 1));
   } else if constexpr (!std::is_same_v<T, A>) {

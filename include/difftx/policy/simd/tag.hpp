@@ -70,8 +70,9 @@ struct simd {
   // rows than decoding's (Linear::add_packed_weights; defined in
   // linear_onednn.hpp where the build has oneDNN).
   struct packed_weights;
-  // AMX tiles (Sapphire Rapids and later) in difftx's own attention kernels:
-  // the int8 and bfloat16 score tiles (docs/design.md, "AMX"). Off by default
+  // AMX tiles (Sapphire Rapids and later) in difftx's own kernels: the
+  // attention's int8 and bfloat16 score tiles, and bfloat16 products of 5 to
+  // 16 rows (several prompts decoded together; docs/design.md, "AMX"). Off by default
   // until they have run on an AMX CPU; asked for, they run where the CPU and
   // the OS grant tile data, and the AVX-512 kernels run elsewhere.
   bool amx_tiles = false;
