@@ -99,7 +99,9 @@ class top_p_step final : public sampling_step {
     if (!boundary) boundary = ends_in(c, w, 0, bands - 1, 0.0);
     c.keep_if([&](token_t t) {
       const double s = c.score(t);
-      return (s > boundary->score) | ((s == boundary->score) & (t <= boundary->token));
+      // The comparisons as integers: no branch per candidate, and no warning
+      // for bitwise operators on bool.
+      return (int{s > boundary->score} | (int{s == boundary->score} & int{t <= boundary->token})) != 0;
     });
   }
 
