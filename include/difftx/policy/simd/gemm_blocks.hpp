@@ -125,15 +125,6 @@ class slice_run {
 // and the slices of all parts are one run, so one parallel region and one
 // wait at its end instead of one per product.
 constexpr index_t gemv_max_rows = 4;
-// The most rows of x for which a product in T under p streams w once, as
-// decoding's do (more: a matrix product): gemv_max_rows, and for bfloat16 on
-// AMX a tile's 16 (gemv_amx_bf16.hpp; several prompts decoded together).
-template <class T>
-index_t streamed_max_rows(const policy::simd& p) noexcept {
-  if constexpr (std::is_same_v<T, Eigen::bfloat16>)
-    if (p.amx_tiles && amx_runs(amx_product::bf16)) return 16;
-  return gemv_max_rows;
-}
 
 // One of the products: w's `rows` rows of depth K (as stored), into y[M, rows].
 template <class T>

@@ -16,7 +16,6 @@
 // every CPU.
 #pragma once
 
-#include <algorithm>
 #include <span>
 #include <vector>
 

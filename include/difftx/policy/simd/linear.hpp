@@ -188,7 +188,17 @@ void float_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::sp
   });
 }
 
-// Decoding's products of x[M, K] (M ≤ streamed_max_rows) with each part's w,
+// Whether y = x · wᵀ in T, x [M, K], streams w once as decoding's products do
+// (else a matrix product): up to gemv_max_rows rows, and bfloat16 rows that
+// AMX takes (several prompts decoded together).
+template <class T>
+bool decoding_streams(const policy::simd& p, index_t M, index_t K) noexcept {
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+    if (amx_gemv_takes(p, M, K)) return true;
+  return M <= gemv_max_rows;
+}
+
+// Decoding's products of x[M, K] (decoding_streams) with each part's w,
 // in any number type: float and double streamed (float_gemv); bfloat16 of
 // more than gemv_max_rows rows on AMX where it takes them (gemv_amx_bf16.hpp);
 // float16 and bfloat16 on the dot-product instruction where the policy's
@@ -218,11 +228,12 @@ void float_linear_forward(const policy::simd& p, cview<T, 2> x, cview<T, 2> w,
   using A = accum_t<T>;
   detail::check_linear("linear_forward", memory_space::host, x, w, y, "y");
   const index_t M = x.extent(0), K = x.extent(1), N = w.extent(0);
-  if (onednn_linear_forward(p, x, w, y, packed)) return;
-  if (M <= streamed_max_rows<T>(p)) {  // decoding
+  if (decoding_streams<T>(p, M, K)) {
     const gemv_part<T> part{w.data(), N, y.data()};
-    decoding_gemv(p, M, K, x.data(), std::span(&part, 1));
-  } else if constexpr (!std::is_same_v<T, A>) {
+    return decoding_gemv(p, M, K, x.data(), std::span(&part, 1));
+  }
+  if (onednn_linear_forward(p, x, w, y, packed)) return;
+  if constexpr (!std::is_same_v<T, A>) {
     reduced_gemm<a_storage::rows, b_storage::columns>(p, M, N, K, x.data(), K, w.data(), K, y.data(), N, false);
   } else {
     matrix_map<A> Y(y.data(), M, N);

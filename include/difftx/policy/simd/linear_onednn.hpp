@@ -66,7 +66,7 @@ template <class T>
 bool onednn_takes(const policy::simd& p, index_t M, bool weights_packed = false) {
   if constexpr (onednn_computes<T> || std::is_same_v<T, std::int8_t>) {
     using library = policy::simd::matmul_library;
-    if (M <= streamed_max_rows<T>(p) || p.matmuls == library::difftx) return false;
+    if (M <= gemv_max_rows || p.matmuls == library::difftx) return false;
     if constexpr (std::is_same_v<T, std::int8_t>) {
       if (!onednn_int8_exact()) return false;  // forced too: difftx's int8 kernels are exact everywhere
       if (p.matmuls == library::automatic && M < onednn_int8_min_rows && !weights_packed) return false;

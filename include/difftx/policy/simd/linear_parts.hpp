@@ -22,7 +22,7 @@ void linear_forward(const policy::simd& p, cview<T, 2> x, std::span<const linear
   using namespace simd_detail;
   detail::check_linear_parts("linear_forward", memory_space::host, x, parts);
   const index_t M = x.extent(0), K = x.extent(1);
-  if (M > streamed_max_rows<T>(p)) {
+  if (!decoding_streams<T>(p, M, K)) {
     for (const auto& part : parts) float_linear_forward(p, x, *part.w, nullptr, part.y);
     return;
   }
