@@ -304,7 +304,8 @@ def decode_products(raw):
             if waiting == "spinning" and 8 in by_size:
                 streamed.append(f"{by_size[8]['share_of_read']:.0%} ({label})")
     return table("Decoding's products alone (`linear_forward` on one row of x, K = 1024), over matrices of each "
-                 "size making 256 MB, each its own product and parallel region as a decode step's are, against "
+                 "size making 1 GB (more than a server's last-level cache), each its own product and parallel "
+                 "region as a decode step's are, against "
                  "a plain read of the same bytes on the same threads just before, which prefetches as the "
                  "products do (Google Benchmark, median of 3 repetitions): the share is the read's time over the "
                  "products'. A decode step of the folder "

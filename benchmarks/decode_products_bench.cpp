@@ -3,9 +3,11 @@
 //
 // decode_product/<weights>/MB:S: y[1, N] = x[1, 1024] · w[N, 1024]ᵀ (linear_forward
 // on policy::simd, one row of x: the streamed products of a decode step) over
-// as many matrices of S MB as make 256 MB, each its own product and parallel
-// region as a step's are, against simd_detail::read_through over the same
-// bytes on the same threads just before. Weights: float32 (two rows at a
+// as many matrices of S MB as make 1 GB, each its own product and parallel
+// region as a step's are (1 GB: more than a server's last-level cache, 320 MB
+// on an Emerald Rapids socket, so that the products read from memory as a
+// step's do), against simd_detail::read_through over the same bytes on the
+// same threads just before. Weights: float32 (two rows at a
 // time), bfloat16 on vdpbf16ps (where the CPU has AVX512_BF16) and converted
 // to float in registers (--bf16-product converting), int8 rows (vpdpbusd or
 // the CPU's int8 kernel; x quantized per call, as decoding does).
@@ -36,7 +38,7 @@ namespace {
 using difftx::index_t;
 using clock_type = std::chrono::steady_clock;
 
-constexpr index_t depth = 1024, total_mb = 256;
+constexpr index_t depth = 1024, total_mb = 1024;
 
 // Normal draws (seeded, times scale) for rows of `depth` values: row r is a window of
 // a table twice as long, starting at a place of its own. Drawing every value

@@ -19,6 +19,7 @@
 #include <difftx/difftx.hpp>
 #include <difftx/policy/simd.hpp>
 #include <difftx/policy/simd/amx_tile_model.hpp>
+#include <difftx/policy/simd/stream_prefetch.hpp>
 #include <difftx/testing/tolerance.hpp>
 
 #include "support/compare_modules.hpp"
@@ -310,6 +311,33 @@ TEST_CASE("simd: decoding's slices of w, each computed once whatever the threads
       for (const auto& v : visits) missed_or_repeated += v.load() != 1;
       CHECK(missed_or_repeated == 0);
     }
+}
+
+TEST_CASE("simd: streaming loops ask for their lines whole groups ahead") {
+  // stream_ahead: near is whole groups of at least 8 KiB (the same column of
+  // rows further on), far whole nears of at least far_stream_least() or none.
+  const index_t far_least = simd_detail::far_stream_least();
+  CHECK((far_least == 0 || far_least == 65536));
+  for (index_t group : {0, 64, 1000, 2048, 6144, 8192, 24576, 100000}) {
+    const simd_detail::stream_distance d = simd_detail::stream_ahead(group);
+    INFO("group=" << group);
+    const index_t unit = group > 0 ? group : 1;
+    CHECK(d.near % unit == 0);
+    CHECK(d.near >= simd_detail::least_stream_ahead);
+    CHECK(d.near < simd_detail::least_stream_ahead + unit);
+    if (far_least == 0) {
+      CHECK(d.far == 0);
+    } else {
+      CHECK(d.far % d.near == 0);
+      CHECK(d.far >= far_least);
+      CHECK(d.far < far_least + d.near);
+    }
+  }
+  // AMX's slices: a line of each of 16 rows in turn, the distances along each row in whole lines.
+  const simd_detail::stream_distance per_row = simd_detail::stream_ahead(16 * 64).per_row(16);
+  CHECK(per_row.near * 16 == simd_detail::stream_ahead(16 * 64).near);
+  CHECK(per_row.near % 64 == 0);
+  CHECK(per_row.far % 64 == 0);
 }
 
 TEST_CASE("simd: several products' slices in one run, each computed once whatever the threads") {

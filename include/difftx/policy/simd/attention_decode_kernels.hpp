@@ -97,7 +97,8 @@ void dots_per_position(const A* x, index_t n, index_t per_piece, index_t d, cons
   };
   // Every line of the key rows ahead (stream_prefetch.hpp): the cache streams
   // from memory once a step, as the weights do.
-  const index_t row_bytes = stride * index_t{sizeof(T)}, ahead = stream_ahead(row_bytes);
+  const index_t row_bytes = stride * index_t{sizeof(T)};
+  const stream_distance ahead = stream_ahead(row_bytes);
   for (index_t t = 0; t < keys; ++t) {
     const T* key = first + t * stride;
     for (index_t b = 0; b < row_bytes; b += 64) prefetch_ahead(reinterpret_cast<const std::byte*>(key) + b, ahead);
@@ -128,7 +129,7 @@ void weighted_sums_of_rows(const std::array<const A*, Maps>& p, const T* v_first
                            index_t dv, const std::array<A*, Maps>& out) {
   using V = vec<A>;
   constexpr index_t W = V::size;
-  const index_t ahead = stream_ahead(stride * index_t{sizeof(T)});  // the rows' lines this pass reads, ahead
+  const stream_distance ahead = stream_ahead(stride * index_t{sizeof(T)});  // the rows' lines this pass reads, ahead
   constexpr bool wide = sizeof(V) >= 64;  // AVX-512: 32 vector registers, else 16
   auto columns = [&](auto vectors, index_t c0) {
     constexpr index_t NV = decltype(vectors)::value;

@@ -164,7 +164,7 @@ inline void bf16_pair_dots(const float* split, const Eigen::bfloat16* first, ind
     return sum;
   };
   constexpr index_t unroll = 4, step = unroll * 2 * W;
-  const index_t ahead = stream_ahead(stride * index_t{sizeof(Eigen::bfloat16)});
+  const stream_distance ahead = stream_ahead(stride * index_t{sizeof(Eigen::bfloat16)});
   for (index_t t = 0; t < rows; ++t) {
     V part[unroll];
     DIFFTX_UNROLL(4)

@@ -175,7 +175,7 @@ struct avx512_bf16_pairs_of {
                                                                            const Eigen::bfloat16* row, index_t stride,
                                                                            index_t k, __m512* sums) noexcept {
     constexpr index_t unroll = 8, step = 32 * unroll;
-    const index_t ahead = stream_ahead(R * stride * index_t{sizeof(Eigen::bfloat16)});
+    const stream_distance ahead = stream_ahead(R * stride * index_t{sizeof(Eigen::bfloat16)});
     __m512 part[R][unroll];
     for (auto& r : part)
       for (auto& q : r) q = _mm512_setzero_ps();

@@ -63,7 +63,8 @@ void amx_slice_dots(Tiles& tiles, const Eigen::bfloat16* w, index_t rows, index_
   config.shape(1, rows, 64);  // A: 32 values of w's rows
   config.shape(2, 16, 64);    // B: 16 pairs of depth by 16 rows of x
   tiles.configure(config);
-  const index_t row_bytes = K * index_t{sizeof(Eigen::bfloat16)}, ahead = stream_ahead(rows * 64) / rows;
+  const index_t row_bytes = K * index_t{sizeof(Eigen::bfloat16)};
+  const stream_distance ahead = stream_ahead(rows * 64).per_row(rows);
   tiles.template zero<0>();
   for (index_t run = 0; run < K / 32; ++run) {
     const Eigen::bfloat16* first = w + run * 32;

@@ -84,7 +84,7 @@ template <int R, class A>
 void streamed_dots(const A* x, const A* row, index_t stride, index_t k, A* out) noexcept {
   using V = vec<A>;
   constexpr index_t W = V::size, unroll = R == 1 || W * sizeof(A) >= 64 ? 8 : 4;
-  const index_t ahead = stream_ahead(R * stride * index_t{sizeof(A)});
+  const stream_distance ahead = stream_ahead(R * stride * index_t{sizeof(A)});
   V part[R][unroll];
   for (auto& r : part)
     for (auto& q : r) q = V(A(0));

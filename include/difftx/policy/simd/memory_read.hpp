@@ -18,8 +18,8 @@ namespace difftx::simd_detail {
 // Every byte of the regions read once, in one parallel region of `threads`
 // threads: each thread reads its share of each region (cut at 64-byte
 // lines) as one sequential stream, summing 32-bit words in the widest
-// integer vectors, each line asked for least_stream_ahead bytes ahead as the
-// products ask for theirs (stream_prefetch.hpp), so that the bound is the
+// integer vectors, each line asked for as far ahead as the products ask for
+// theirs (stream_prefetch.hpp), so that the bound is the
 // best rate their way of reading reaches. On Zen 4 with huge pages one stream
 // per core read 2-9% faster than eight rows side by side. The sum is returned
 // so that no read is optimised away.
@@ -35,6 +35,7 @@ inline std::uint32_t read_through(int threads, std::span<const std::span<const s
 #else
     const std::size_t t = 0, parts = 1;
 #endif
+    const stream_distance ahead = stream_ahead(line);
     std::array<V, lanes> sums;
     sums.fill(V(word{0}));
     for (const auto& region : regions) {
@@ -45,7 +46,7 @@ inline std::uint32_t read_through(int threads, std::span<const std::span<const s
       for (; i + lanes * W * sizeof(word) <= end; i += lanes * W * sizeof(word))
         DIFFTX_UNROLL(8)
         for (std::size_t l = 0; l < lanes; ++l) {
-          if (l * W * sizeof(word) % line == 0) prefetch_ahead(bytes + i + l * W * sizeof(word), least_stream_ahead);
+          if (l * W * sizeof(word) % line == 0) prefetch_ahead(bytes + i + l * W * sizeof(word), ahead);
           sums[l] += V::load_unaligned(reinterpret_cast<const word*>(bytes + i) + l * W);
         }
       for (; i < end; ++i) total += static_cast<word>(bytes[i]);

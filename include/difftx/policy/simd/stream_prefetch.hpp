@@ -22,22 +22,52 @@
 namespace difftx::simd_detail {
 
 // How far ahead a loop over groups of group_bytes (the bytes between a load
-// and the same column of the next group's rows) prefetches: whole groups, at
-// least 8 KiB. Shorter distances left the read below its best rate and much
-// longer ones (32 KiB and more) slowed it, lines leaving L1 before their use.
+// and the same column of the next group's rows) asks for its lines: `near`
+// into every cache level, whole groups and at least 8 KiB; `far` into L2
+// (and the levels past it) only, whole multiples of near and at least
+// far_stream_least() bytes, or 0 for none. Shorter near distances left the
+// read below its best rate and much longer ones (32 KiB and more) slowed it,
+// lines leaving L1 before their use. The far requests keep more of the stream
+// in flight than L1's few outstanding misses allow: on an Intel Xeon (Emerald
+// Rapids) the products then read at a plain read's rate where near alone
+// held them to about 85% of it (docs/benchmarks.md, "Decoding a checkpoint").
 inline constexpr index_t least_stream_ahead = 8192;
-constexpr index_t stream_ahead(index_t group_bytes) noexcept {
-  if (group_bytes <= 0) return least_stream_ahead;
-  return (least_stream_ahead + group_bytes - 1) / group_bytes * group_bytes;
+struct stream_distance {
+  index_t near = least_stream_ahead, far = 0;
+  // The distances along each of `rows` rows read side by side, a line of each in turn.
+  constexpr stream_distance per_row(index_t rows) const noexcept { return {near / rows, far / rows}; }
+};
+
+// The far distance's least bytes on this CPU: 64 KiB on Intel's, where it
+// was measured. AMD's CPUs before Zen 4 fill L1 at every prefetch level (their
+// optimization guides), where lines asked for 32 KiB ahead were measured to
+// leave before their use; Zen 4's prefetcht1 fills L2 but is not measured
+// here. So on AMD's, and on other CPUs, 0 until measured.
+inline index_t far_stream_least() noexcept {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
+  static const index_t least = __builtin_cpu_is("intel") ? 65536 : 0;
+  return least;
+#else
+  return 0;
+#endif
 }
 
-// Asks for the 64-byte line `ahead` bytes past `at`, for reading, into every
-// cache level (prefetcht0 on x86). The address is computed as an integer:
-// near the end of a matrix it lies past the object, and a prefetch never
-// faults.
-inline void prefetch_ahead(const void* at, index_t ahead) noexcept {
+inline stream_distance stream_ahead(index_t group_bytes) noexcept {
+  auto whole = [](index_t least, index_t unit) { return (least + unit - 1) / unit * unit; };
+  const index_t near = group_bytes <= 0 ? least_stream_ahead : whole(least_stream_ahead, group_bytes);
+  const index_t far_least = far_stream_least();
+  return {near, far_least > 0 ? whole(far_least, near) : 0};
+}
+
+// Asks for the 64-byte lines `ahead.near` bytes past `at` (prefetcht0 on x86)
+// and `ahead.far` bytes past it (prefetcht1), for reading. The addresses are
+// computed as integers: near the end of a matrix they lie past the object,
+// and a prefetch never faults.
+inline void prefetch_ahead(const void* at, const stream_distance& ahead) noexcept {
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(at) + static_cast<std::uintptr_t>(ahead)), 0, 3);
+  const auto address = reinterpret_cast<std::uintptr_t>(at);
+  __builtin_prefetch(reinterpret_cast<const void*>(address + static_cast<std::uintptr_t>(ahead.near)), 0, 3);
+  if (ahead.far > 0) __builtin_prefetch(reinterpret_cast<const void*>(address + static_cast<std::uintptr_t>(ahead.far)), 0, 2);
 #else
   (void)at;
   (void)ahead;
