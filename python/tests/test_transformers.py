@@ -1,6 +1,7 @@
 """difftx.transformers.use_difftx on a small random DiffLlamaForCausalLM, against transformers' own."""
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -120,5 +121,7 @@ def test_refusals(models):
     with pytest.raises(ValueError, match=r"config.attention_dropout: expected 0 .*got 0.1"):
         dtt.use_difftx(model)
     static = transformers.StaticCache(config=ours.config, max_cache_len=16)
+    # transformers 5.24 renamed the model's past_key_values to cache (the old name warns there).
+    spelling = "cache" if "cache" in inspect.signature(type(ours).forward).parameters else "past_key_values"
     with pytest.raises(ValueError, match="(cache|past_key_values): expected a DynamicCache"):
-        ours(ids, past_key_values=static, use_cache=True)
+        ours(ids, **{spelling: static}, use_cache=True)
