@@ -59,7 +59,7 @@ struct portable_int8 {
   template <int R, int C, bool Streamed = false>
   static void dots(index_t kp, const std::int8_t* a, index_t lda, const std::int8_t* b, index_t ldb, std::int32_t* out,
                    index_t ldo) noexcept {
-    const stream_distance ahead = stream_ahead(C * ldb);
+    const stream_distance ahead = Streamed ? stream_ahead(C * ldb) : stream_distance{};  // only streamed dots ask ahead
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) {
         std::int32_t s = 0;
@@ -81,7 +81,7 @@ struct avx2_int8 {
   [[gnu::target("avx2")]] static void dots(index_t kp, const std::int8_t* a, index_t lda, const std::int8_t* b,
                                            index_t ldb, std::int32_t* out, index_t ldo) noexcept {
     const __m256i ones = _mm256_set1_epi16(1);
-    const stream_distance ahead = stream_ahead(C * ldb);
+    const stream_distance ahead = Streamed ? stream_ahead(C * ldb) : stream_distance{};  // only streamed dots ask ahead
     __m256i acc[R][C];
     for (auto& row : acc)
       for (auto& x : row) x = _mm256_setzero_si256();
@@ -117,7 +117,7 @@ struct avx512_vnni_int8 {
   [[gnu::target("avx512f,avx512bw,avx512vnni")]] static void dots(index_t kp, const std::int8_t* a, index_t lda,
                                                                   const std::int8_t* b, index_t ldb, std::int32_t* out,
                                                                   index_t ldo) noexcept {
-    const stream_distance ahead = stream_ahead(C * ldb);
+    const stream_distance ahead = Streamed ? stream_ahead(C * ldb) : stream_distance{};  // only streamed dots ask ahead
     __m512i acc[R][C];
     for (auto& row : acc)
       for (auto& x : row) x = _mm512_setzero_si512();
