@@ -339,12 +339,13 @@ def generation(raw, threads):
              f"{alone['tokens_per_s']:.1f}", "1.00x"],
             [f"difftx, {prompts} prompts at once", ms(batched["prefill_ms"]), f"{batched['decode_tokens_per_s']:.1f}",
              f"{batched['tokens_per_s']:.1f}", f"{g['decode_ratio']:.2f}x"]]
-    amx = None  # the same with AMX tiles asked for, where the CPU has them: its own run, its own ratio
-    if os.path.exists(os.path.join(raw, "generate.amx.json")):
-        amx = next(iter(bench_rows(os.path.join(raw, "generate.amx.json")).values()))
-        rows.append([f"difftx, {prompts} prompts at once, AMX tiles", ms(amx["batched_prefill_ms"]),
-                     f"{amx['batched_decode_tokens_per_s']:.1f}", f"{amx['batched_tokens_per_s']:.1f}",
-                     f"{amx['decode_ratio']:.2f}x"])
+    no_amx = None  # where the CPU has AMX tiles (on by default), the same without them: its own run, its own ratio
+    if os.path.exists(os.path.join(raw, "generate.no-amx.json")):
+        no_amx = next(iter(bench_rows(os.path.join(raw, "generate.no-amx.json")).values()))
+        rows[1][0] += ", AMX tiles"
+        rows.append([f"difftx, {prompts} prompts at once, no AMX tiles", ms(no_amx["batched_prefill_ms"]),
+                     f"{no_amx['batched_decode_tokens_per_s']:.1f}", f"{no_amx['batched_tokens_per_s']:.1f}",
+                     f"{no_amx['decode_ratio']:.2f}x"])
     for b, p in sorted(peers.items()):
         # transformers' prefill is one generate(1) over the batch; one prompt at a time, prompts times that.
         prefill = p["prefill_ms"] * (prompts if b == 1 else 1)
@@ -352,7 +353,7 @@ def generation(raw, threads):
         label = "one prompt at a time" if b == 1 else f"{p['batch']} prompts at once"
         rows.append([f"transformers, {label}", ms(prefill),
                      f"{p['decode_tokens_per_s']:.1f}", f"{total:.1f}", ratio(p["decode_tokens_per_s"], base)])
-    cmds = commands(raw, "make", "sampler.json", "generate.json", "generate.amx.json", "peer.1.txt", "peer.8.txt")
+    cmds = commands(raw, "make", "sampler.json", "generate.json", "generate.no-amx.json", "peer.1.txt", "peer.8.txt")
     model = (f"{peers[8]['parameters'] / 1e6:.0f}M parameters; transformers {peers[8]['transformers']}, "
              f"torch {peers[8]['torch']}") if 8 in peers else "transformers not run"
     tables = [table(f"The sampler chain on one row of bfloat16 logits of V = 128256 (Google Benchmark, median of 3 "
@@ -374,8 +375,8 @@ def generation(raw, threads):
                     f"one prompt at a time is that prompt's times {prompts}. prefill ms: until every prompt has its "
                     f"first token; decode tokens/s: the tokens after each prompt's first over the time after the "
                     f"prefill; tokens/s: all {prompts * new} new tokens over the whole time."
-                    + (" AMX tiles: the same runs with `policy::simd::amx_tiles` (the tool's `--amx`; off by "
-                       "default), its ratio against its own one at a time." if amx else ""),
+                    + (" No AMX tiles: the same runs with `policy::simd::amx_tiles` off (the tool's `--no-amx`), "
+                       "its ratio against its own one at a time." if no_amx else ""),
                     ["contender", "prefill ms", "decode tokens/s", "tokens/s", "decode vs difftx one at a time"],
                     rows, cmds)]
     values = {"prompts": prompts, "decode": f"{g['decode_ratio']:.2f}x",
@@ -385,12 +386,13 @@ def generation(raw, threads):
               "transformers_batch": ratio(peers[8]["decode_tokens_per_s"], peers[1]["decode_tokens_per_s"])
               if 1 in peers and 8 in peers else "n/a",
               "chain": f"{max(shares):.1%}", "step_ms": f"{step_ms:.1f}",
-              "amx": (f" With AMX tiles asked for, the batch's bfloat16 products stream the weights once on "
-                      f"tdpbf16ps, a tile row per line of the weights however many prompts (without them, "
-                      f"{prompts} rows are more than decoding's streamed products take, and oneDNN's matrix "
-                      f"product runs them): {prompts} prompts then decode at {amx['decode_ratio']:.2f}x one "
-                      f"prompt's speed, {ratio(amx['batched_decode_tokens_per_s'], batched['decode_tokens_per_s'])} "
-                      f"the batch without them." if amx else "")}
+              "amx": (f" On this CPU the batch's bfloat16 products stream the weights once on AMX tiles "
+                      f"(tdpbf16ps), a tile row per line of the weights however many prompts. Without them "
+                      f"(`--no-amx`, or a CPU without AMX) {prompts} rows are more than decoding's streamed "
+                      f"products take, and oneDNN's matrix product runs them: {prompts} prompts then decode at "
+                      f"{no_amx['decode_ratio']:.2f}x one prompt's speed, and the batch on tiles is "
+                      f"{ratio(batched['decode_tokens_per_s'], no_amx['batched_decode_tokens_per_s'])} the batch "
+                      f"without them." if no_amx else "")}
     return tables, values
 
 

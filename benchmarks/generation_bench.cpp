@@ -11,7 +11,7 @@
 // (a trained model's shape: a few likely tokens, a long flat tail); "flat",
 // N(0, 3²) (a random model's: top-p keeps thousands).
 //
-// generate/<dtype>/prompts:P/prompt:N/new:K[/amx], where DIFFTX_BENCH_MODEL names a
+// generate/<dtype>/prompts:P/prompt:N/new:K[/no-amx], where DIFFTX_BENCH_MODEL names a
 // DiffLlama folder: P prompts of N random tokens, K greedy new tokens each (no
 // stop token), with decoding panels as `difftx generate` loads them; each run
 // batched, then one at a time. batched: generate(model, prompts, options), one
@@ -21,9 +21,9 @@
 // prompt's first over the time after the prefill), <way>_tokens_per_s (every
 // new token over the whole time); decode_ratio, batched over one at a time. DIFFTX_BENCH_PROMPTS, DIFFTX_BENCH_PROMPT_TOKENS, DIFFTX_BENCH_NEW_TOKENS
 // change P, N, K (default 8, 512, 64); DIFFTX_BENCH_DTYPE float32 or bfloat16
-// (default bfloat16); DIFFTX_BENCH_AMX=1 asks for AMX tiles
-// (policy::simd::amx_tiles: batched bfloat16 products on tdpbf16ps where the
-// CPU has them). Threads: OMP_NUM_THREADS.
+// (default bfloat16); DIFFTX_BENCH_AMX=0 turns AMX tiles off
+// (policy::simd::amx_tiles, on by default: batched bfloat16 products on
+// tdpbf16ps where the CPU has them). Threads: OMP_NUM_THREADS.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -121,7 +121,7 @@ void generate(benchmark::State& state, const std::string& folder) {
   // Loaded once for every repetition.
   static auto model = [&] {
     difftx::policy::simd policy;
-    policy.amx_tiles = from_environment("DIFFTX_BENCH_AMX", 0) != 0;
+    policy.amx_tiles = from_environment("DIFFTX_BENCH_AMX", 1) != 0;
     auto m = difftx::io::load_diffllama<T>(folder, policy);
     m.add_decoding_panels();
     return m;
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
     const std::string shape = "/prompts:" + std::to_string(from_environment("DIFFTX_BENCH_PROMPTS", 8)) +
                               "/prompt:" + std::to_string(from_environment("DIFFTX_BENCH_PROMPT_TOKENS", 512)) +
                               "/new:" + std::to_string(from_environment("DIFFTX_BENCH_NEW_TOKENS", 64)) +
-                              (from_environment("DIFFTX_BENCH_AMX", 0) != 0 ? "/amx" : "");
+                              (from_environment("DIFFTX_BENCH_AMX", 1) != 0 ? "" : "/no-amx");
     using run_fn = void (*)(benchmark::State&, const std::string&);
     const run_fn run = dtype == "float32" ? &generate<float> : dtype == "bfloat16" ? &generate<bf16> : nullptr;
     if (!run) {

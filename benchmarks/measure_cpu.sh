@@ -177,8 +177,8 @@ measure() {  # question: its commands, outputs under $work/<question>
         --benchmark_repetitions=3 --benchmark_format=json
       run "$o/generate.json" env OMP_NUM_THREADS="$THREADS" DIFFTX_BENCH_MODEL="$ckpt" "$g" '--benchmark_filter=^generate/' \
         --benchmark_repetitions=5 --benchmark_format=json
-      if grep -qw amx_bf16 /proc/cpuinfo; then  # batched bfloat16 products on AMX tiles (policy::simd::amx_tiles)
-        run "$o/generate.amx.json" env OMP_NUM_THREADS="$THREADS" DIFFTX_BENCH_MODEL="$ckpt" DIFFTX_BENCH_AMX=1 "$g" \
+      if grep -qw amx_bf16 /proc/cpuinfo; then  # the same without AMX tiles (policy::simd::amx_tiles off)
+        run "$o/generate.no-amx.json" env OMP_NUM_THREADS="$THREADS" DIFFTX_BENCH_MODEL="$ckpt" DIFFTX_BENCH_AMX=0 "$g" \
           '--benchmark_filter=^generate/' --benchmark_repetitions=5 --benchmark_format=json
       fi
       if ((has_peers)); then

@@ -77,9 +77,10 @@ TEST_CASE("cli: bench --json reports the kernels policy::simd runs here, for eac
           (!expected.decoding_products.empty() && expected.decoding_products != expected.products));
   };
   for (const auto& [matmul, library_choice] : matmuls)
-    for (const bool amx : {false, true}) {
-      const std::string flags = "--module multihead --batch 1 --seq 70 --d-model 32 --heads 2 --policy simd --matmul " +
-                                matmul + (amx ? " --amx" : "");
+    for (const std::string amx_flag : {"", " --amx", " --no-amx"}) {
+      const bool amx = amx_flag != " --no-amx";  // on by default
+      const std::string flags =
+          "--module multihead --batch 1 --seq 70 --d-model 32 --heads 2 --policy simd --matmul " + matmul + amx_flag;
       const policy::simd p{.matmuls = library_choice, .amx_tiles = amx};
       INFO(flags);
       check(json(flags + " --dtype float32"), test_support::simd_kernels_of<float>(p));
@@ -96,10 +97,10 @@ TEST_CASE("cli: bench --json reports the kernels policy::simd runs here, for eac
               test_support::simd_kernels_of<Eigen::bfloat16>(with_path, 6));
       }
     }
-  // Off by default, on every CPU; forced, converting is difftx's own bfloat16 product everywhere.
+  // AMX tiles by default where this CPU grants them; forced, converting is difftx's own bfloat16 product everywhere.
   const auto plain = json("--module swiglu --batch 1 --seq 8 --d-model 16 --policy simd --dtype bfloat16 "
                           "--bf16-product converting --matmul difftx");
-  CHECK(plain.at("amx_tiles") == false);
+  CHECK(plain.at("amx_tiles") == policy::simd{}.amx_tiles_used());
   CHECK(plain.at("product_kernel") == "converting");
   CHECK(plain.at("decode_product_kernel") == "converting");
   CHECK(plain.at("score_tile_kernel").is_null());  // no attention in swiglu

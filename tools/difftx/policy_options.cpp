@@ -73,10 +73,10 @@ policy_option_flags add_policy_options(CLI::App& command, policy_options& option
       "build has it and it was measured faster (float32, bfloat16, int8 weights), difftx and onednn force one (the "
       "policy column names oneDNN's kernel when it ran)");
   flags.amx = command.add_flag(
-      "--amx", options.amx_tiles,
+      "--amx,!--no-amx", options.amx_tiles,
       "simd: AMX tiles in the attention's score tiles (bfloat16, and int8 Q·Kᵀ) and in bfloat16 products of 5 to 16 "
-      "rows (several prompts decoded together), off by default until they have run on an AMX CPU; where this CPU or "
-      "OS has no AMX the AVX-512 kernels run (the policy column says \"amx tiles\" when they ran)");
+      "rows (several prompts decoded together), on by default; where this CPU or OS has no AMX the AVX-512 kernels "
+      "run, and --no-amx forces them (the policy column says \"amx tiles\" when tiles ran)");
   flags.cuda_attention = add_choice(
       command, "--cuda-attention", options.cuda_attention, cuda_attention_choices,
       "cuda: whose attention kernels run: difftx's own, or cuDNN's fused attention where it applies (float16/bfloat16, "

@@ -26,7 +26,7 @@ struct policy_options {
   int threads = 0;  // --threads: a policy with threads (simd); 0 means its default (OMP_NUM_THREADS)
   bf16_product_choice bf16_product = bf16_product_choice::automatic;  // --bf16-product: simd, bfloat16
   matmul_choice matmuls = matmul_choice::automatic;                    // --matmul: simd
-  bool amx_tiles = false;                                              // --amx: simd's attention tiles
+  bool amx_tiles = true;                                               // --amx/--no-amx: simd's AMX tiles
   policy::cuda_attention cuda_attention = default_cuda_attention;      // --cuda-attention: cuda
   bool packed_weights = false;  // --packed-weights: a language model's layers also in oneDNN's layout (simd)
 };
@@ -41,7 +41,7 @@ struct policy_option_flags {
               *cuda_attention = nullptr, *packed_weights = nullptr;
 };
 
-// --threads, --bf16-product, --matmul, --amx and --cuda-attention on command,
+// --threads, --bf16-product, --matmul, --amx/--no-amx and --cuda-attention on command,
 // into options (their defaults: options' values as they are; threads_default
 // says --threads' in the help), and --packed-weights where the command loads
 // language models.

@@ -8,9 +8,8 @@
 //
 // Tile data is off for a process until it asks Linux for it
 // (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), Linux 5.16 on); a
-// CPU, OS or build that refuses gets the AVX-512 kernels. The policy turns
-// AMX on (policy::simd::amx_tiles), off by default until it has run on an
-// AMX CPU.
+// CPU, OS or build that refuses gets the AVX-512 kernels, as does a policy
+// that turns them off (policy::simd::amx_tiles).
 #pragma once
 
 #include <cstdint>

@@ -72,10 +72,10 @@ struct simd {
   struct packed_weights;
   // AMX tiles (Sapphire Rapids and later) in difftx's own kernels: the
   // attention's int8 and bfloat16 score tiles, and bfloat16 products of 5 to
-  // 16 rows (several prompts decoded together; docs/design.md, "AMX"). Off by default
-  // until they have run on an AMX CPU; asked for, they run where the CPU and
-  // the OS grant tile data, and the AVX-512 kernels run elsewhere.
-  bool amx_tiles = false;
+  // 16 rows (several prompts decoded together; docs/design.md, "AMX"). They
+  // run where the CPU and the OS grant tile data, and the AVX-512 kernels run
+  // elsewhere; false forces the AVX-512 kernels (for comparisons).
+  bool amx_tiles = true;
   // Whether they run under this policy on this CPU: asked for, and granted.
   bool amx_tiles_used() const noexcept {
     return amx_tiles && (simd_detail::amx_runs(simd_detail::amx_product::u8s8) ||
