@@ -655,8 +655,7 @@ TEST_CASE("simd: several rows of bfloat16 x on AMX tiles, modelled everywhere, t
     const simd_detail::gemv_part<Eigen::bfloat16> part{w.data(), N, y.data()};
     simd_detail::amx_bf16_gemv<simd_detail::amx_tile_model>(policy::simd{2}, M, K, x.data(), std::span(&part, 1));
     check(y, "tile model");
-    policy::simd amx{2};
-    amx.amx_tiles = true;
+    const policy::simd amx{2};  // AMX tiles by default
     if (simd_detail::amx_gemv_takes(amx, M, K)) {
       Tensor<Eigen::bfloat16, 2> y_amx({M, N});
       linear_forward(amx, x.const_view(), w.const_view(), y_amx.view());

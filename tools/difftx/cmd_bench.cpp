@@ -33,7 +33,7 @@ struct bench_options {
   bool baseline = false;  // V2 kinds: differential off
   index_t context = 0;
   int repeats = 10;
-  policy_options computing;  // --threads, --bf16-product, --matmul, --amx, --cuda-attention, --packed-weights
+  policy_options computing;  // --threads, --bf16-product, --matmul, --amx/--no-amx, --cuda-attention, --packed-weights
   std::string model;  // --model: a language model's prefill and decode instead
   index_t new_tokens = 32;
   int logit_bits = 16;                                  // low-bit inference (low_bit_options.cpp)

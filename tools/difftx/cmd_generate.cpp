@@ -41,7 +41,7 @@ struct generate_options {
   bool json = false;
   std::string dtype, policy;
   std::string weights_dtype = "same", kv_dtype = "same";  // low-bit inference (low_bit_options.cpp)
-  policy_options computing;  // --threads, --bf16-product, --matmul, --amx, --cuda-attention, --packed-weights
+  policy_options computing;  // --threads, --bf16-product, --matmul, --amx/--no-amx, --cuda-attention, --packed-weights
 };
 
 void require_prompt_in_vocabulary(const std::vector<token_t>& prompt, index_t vocab_size, const std::string& model) {

@@ -31,7 +31,7 @@ struct run_options {
   bool no_causal = false;
   int logit_bits = 16;  // low-bit inference (low_bit_options.cpp)
   std::string dtype, policy;
-  policy_options computing;  // --threads, --bf16-product, --matmul, --amx, --cuda-attention, --packed-weights
+  policy_options computing;  // --threads, --bf16-product, --matmul, --amx/--no-amx, --cuda-attention, --packed-weights
 };
 
 // Two output options naming one file would keep only the last result.
