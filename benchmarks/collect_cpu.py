@@ -283,7 +283,8 @@ def decode_products(raw):
     against a plain read of their bytes, by matrix size, with sleeping and with spinning threads; and the
     reading's summary, the spinning shares at 8 MB (a layer's matrix)."""
     labels = {"float32": "float32", "bfloat16_vdpbf16ps": "bfloat16 on vdpbf16ps",
-              "bfloat16_converting": "bfloat16 converted to float", "int8": "float32, int8 weights"}
+              "bfloat16_converting": "bfloat16 converted to float", "int8": "float32, int8 weights",
+              "bfloat16_amx_8_rows": "bfloat16, 8 rows of x on AMX tiles"}
     runs = {}  # waiting -> weights -> size in MB -> the benchmark's row
     for policy, waiting in (("passive", "sleeping"), ("active", "spinning")):
         path = os.path.join(raw, f"products.{policy}.json")
@@ -303,7 +304,8 @@ def decode_products(raw):
                         [f"{by_size[max(by_size)]['read_GBps']:.0f}"])
             if waiting == "spinning" and 8 in by_size:
                 streamed.append(f"{by_size[8]['share_of_read']:.0%} ({label})")
-    return table("Decoding's products alone (`linear_forward` on one row of x, K = 1024), over matrices of each "
+    return table("Decoding's products alone (`linear_forward` on one row of x, K = 1024; 8 rows for the AMX "
+                 "tiles' row, 8 prompts decoded together), over matrices of each "
                  "size making 1 GB (more than a server's last-level cache), each its own product and parallel "
                  "region as a decode step's are, against "
                  "a plain read of the same bytes on the same threads just before, which prefetches as the "

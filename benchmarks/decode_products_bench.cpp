@@ -10,7 +10,9 @@
 // same threads just before. Weights: float32 (two rows at a
 // time), bfloat16 on vdpbf16ps (where the CPU has AVX512_BF16) and converted
 // to float in registers (--bf16-product converting), int8 rows (vpdpbusd or
-// the CPU's int8 kernel; x quantized per call, as decoding does).
+// the CPU's int8 kernel; x quantized per call, as decoding does), and
+// bfloat16 for 8 rows of x on AMX tiles (8 prompts decoded together;
+// gemv_amx_bf16.hpp), where the CPU and OS grant them.
 // Counters: share_of_read, the read's time over the products' (1 = the
 // products stream at a plain read's rate), and both rates in GB/s. Threads:
 // OMP_NUM_THREADS. docs/benchmarks.md, "Decoding a checkpoint", has the
@@ -66,12 +68,13 @@ struct stored_rows final : decoding_weights {
   difftx::policy::simd policy;
   std::vector<difftx::Tensor<T, 2>> w;
   difftx::Tensor<T, 2> x, y;
-  stored_rows(const difftx::policy::simd& p, index_t rows, index_t count) : policy(p), x({1, depth}), y({1, rows}) {
+  stored_rows(const difftx::policy::simd& p, index_t rows, index_t count, index_t x_rows = 1)
+      : policy(p), x({x_rows, depth}), y({x_rows, rows}) {
     const auto x_values = row_table(7, 1.0), w_values = row_table(8, 0.03);
     std::vector<T> w_table(w_values.size());
     for (std::size_t i = 0; i < w_values.size(); ++i) w_table[i] = difftx::scalar_traits<T>::from_double(w_values[i]);
-    for (index_t i = 0; i < depth; ++i)
-      x.data()[i] = difftx::scalar_traits<T>::from_double(x_values[static_cast<std::size_t>(i)]);
+    for (index_t i = 0; i < x.size(); ++i)
+      x.data()[i] = difftx::scalar_traits<T>::from_double(x_values[static_cast<std::size_t>((i + i / depth * 13) % depth)]);
     for (index_t m = 0; m < count; ++m) {
       auto& wm = w.emplace_back(std::array<index_t, 2>{rows, depth});
       for (index_t r = 0; r < rows; ++r) std::copy_n(row_window(w_table, r), depth, wm.data() + r * depth);
@@ -110,7 +113,7 @@ struct int8_weights final : decoding_weights {
   }
 };
 
-enum class weights_kind { float32, bfloat16_vdpbf16ps, bfloat16_converting, int8 };
+enum class weights_kind { float32, bfloat16_vdpbf16ps, bfloat16_converting, int8, bfloat16_amx_8_rows };
 
 std::unique_ptr<decoding_weights> make_weights(weights_kind kind, index_t mb) {
   using difftx::policy::bf16_product;
@@ -127,6 +130,7 @@ std::unique_ptr<decoding_weights> make_weights(weights_kind kind, index_t mb) {
       p.bf16_products = bf16_product::converting;
       return std::make_unique<stored_rows<Eigen::bfloat16>>(p, rows_of(2), count);
     case weights_kind::int8: return std::make_unique<int8_weights>(p, rows_of(1), count);
+    case weights_kind::bfloat16_amx_8_rows: return std::make_unique<stored_rows<Eigen::bfloat16>>(p, rows_of(2), count, 8);
   }
   return nullptr;
 }
@@ -172,12 +176,14 @@ void decode_product(benchmark::State& state, weights_kind kind, index_t mb) {
   const std::pair<weights_kind, const char*> kinds[] = {{weights_kind::float32, "float32"},
                                                         {weights_kind::bfloat16_vdpbf16ps, "bfloat16_vdpbf16ps"},
                                                         {weights_kind::bfloat16_converting, "bfloat16_converting"},
-                                                        {weights_kind::int8, "int8"}};
+                                                        {weights_kind::int8, "int8"},
+                                                        {weights_kind::bfloat16_amx_8_rows, "bfloat16_amx_8_rows"}};
   const bool has_dot_instruction =
       difftx::policy::simd{.bf16_products = difftx::policy::bf16_product::dot_instructions}
           .bf16_decoding_product_used() == difftx::policy::bf16_product::dot_instructions;
   for (const auto& [kind, name] : kinds) {
     if (kind == weights_kind::bfloat16_vdpbf16ps && !has_dot_instruction) continue;
+    if (kind == weights_kind::bfloat16_amx_8_rows && !difftx::policy::simd{}.amx_tiles_used()) continue;
     for (const index_t mb : {2, 8, 32, 256}) {
       const std::string label = std::string("decode_product/") + name + "/MB:" + std::to_string(mb);
       benchmark::RegisterBenchmark(label.c_str(), [kind, mb](benchmark::State& s) { decode_product(s, kind, mb); })

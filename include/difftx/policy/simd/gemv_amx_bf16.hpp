@@ -6,7 +6,7 @@
 //
 // A slice of 16 rows of w, 32 values of depth at a time, is the A tile as it
 // lies (16 rows of 64 bytes, K·2 bytes apart); x's rows are the B tile, a
-// column each, packed once per call as pair words; the 16 x 16 float
+// column each, packed once per call as pair words; the 16 x M float
 // accumulator tile holds row t of the slice against row i of x. A line of w
 // costs one 64-byte tile row however many rows x has, where vdpbf16ps costs
 // an instruction per line and row of x and falls behind the memory from a
@@ -39,38 +39,50 @@ inline bool amx_gemv_takes(const policy::simd& p, index_t M, index_t K) noexcept
 }
 
 // x's M rows (M ≤ 16, K a multiple of 32) as B tiles: for each run of 32
-// values of depth a 16 x 16 block of pair words, word (q, i) = x_i[2q] |
-// x_i[2q + 1] << 16 of the run, zero for i ≥ M.
+// values of depth a 16 x M block of pair words, word (q, i) = x_i[2q] |
+// x_i[2q + 1] << 16 of the run. M columns, not a full tile's 16: the tile
+// loads are what a run waits on, so half a tile of padding for 8 rows of x
+// read in every run cost more than the whole product's arithmetic.
 inline std::vector<pair_word> amx_gemv_operand(const Eigen::bfloat16* x, index_t M, index_t K) {
-  std::vector<pair_word> blocks(static_cast<std::size_t>(K / 32 * 256), 0);
+  std::vector<pair_word> blocks(static_cast<std::size_t>(K / 32 * 16 * M));
   for (index_t run = 0; run < K / 32; ++run)
     for (index_t q = 0; q < 16; ++q)
       for (index_t i = 0; i < M; ++i) {
         const Eigen::bfloat16* pair = x + i * K + run * 32 + 2 * q;
-        blocks[static_cast<std::size_t>(run * 256 + q * 16 + i)] = bf16_bits(pair[0]) | bf16_bits(pair[1]) << 16;
+        blocks[static_cast<std::size_t>((run * 16 + q) * M + i)] = bf16_bits(pair[0]) | bf16_bits(pair[1]) << 16;
       }
   return blocks;
 }
 
 // c[t][i] (16 floats a row) = w's row t · x's row i for the slice's rows t <
-// rows ≤ 16 of depth K (row t at w + t·K) and every column i of the operand;
-// each line of w asked for whole runs of the slice ahead (stream_prefetch.hpp).
+// rows ≤ 16 of depth K (row t at w + t·K) and x's rows i < M (the operand).
+// The slice is read a column of 64 bytes of every row at a time, so its lines
+// are asked for in that order (stream_prefetch.hpp): a distance of d runs
+// from run r is column (r + d) mod K/32 of the slice (r + d) div K/32 ahead,
+// the slices that follow this one in memory, which this thread takes next.
+// Distances along each row alone ran out at the row's end, so every slice
+// began with its lines not yet asked for.
 template <class Tiles>
-void amx_slice_dots(Tiles& tiles, const Eigen::bfloat16* w, index_t rows, index_t K, const pair_word* operand,
-                    float* c) {
+void amx_slice_dots(Tiles& tiles, const Eigen::bfloat16* w, index_t rows, index_t K, index_t M,
+                    const pair_word* operand, float* c) {
   amx_config config;
-  config.shape(0, rows, 64);  // accumulators: a row of w by 16 rows of x
-  config.shape(1, rows, 64);  // A: 32 values of w's rows
-  config.shape(2, 16, 64);    // B: 16 pairs of depth by 16 rows of x
+  config.shape(0, rows, 4 * M);  // accumulators: a row of w by M rows of x
+  config.shape(1, rows, 64);     // A: 32 values of w's rows
+  config.shape(2, 16, 4 * M);    // B: 16 pairs of depth by M rows of x
   tiles.configure(config);
-  const index_t row_bytes = K * index_t{sizeof(Eigen::bfloat16)};
-  const stream_distance ahead = stream_ahead(rows * 64).per_row(rows);
+  const index_t runs = K / 32, row_bytes = K * index_t{sizeof(Eigen::bfloat16)};
+  const stream_distance ahead = stream_ahead(rows * 64);  // in bytes of the slice's runs, rows·64 a run
+  auto bytes_ahead = [&](index_t run, index_t bytes) {       // from a line of run `run` to its row's line that far on
+    if (bytes == 0) return index_t{0};
+    const index_t to = run + bytes / (rows * 64);
+    return (to / runs * rows * K + (to % runs - run) * 32) * index_t{sizeof(Eigen::bfloat16)};
+  };
   tiles.template zero<0>();
-  for (index_t run = 0; run < K / 32; ++run) {
-    const Eigen::bfloat16* first = w + run * 32;
-    for (index_t t = 0; t < rows; ++t) prefetch_ahead(first + t * K, ahead);
-    tiles.template load<1>(first, row_bytes);
-    tiles.template load<2>(operand + run * 256, 64);
+  for (index_t run = 0; run < runs; ++run) {
+    const stream_distance offsets{bytes_ahead(run, ahead.near), bytes_ahead(run, ahead.far)};
+    for (index_t t = 0; t < rows; ++t) prefetch_ahead(w + t * K + run * 32, offsets);
+    tiles.template load<1>(w + run * 32, row_bytes);
+    tiles.template load<2>(operand + run * 16 * M, 4 * M);
     tiles.template dot_bf16<0, 1, 2>();
   }
   tiles.template store<0>(c, 64);
@@ -88,7 +100,7 @@ void amx_bf16_gemv(const policy::simd& p, index_t M, index_t K, const Eigen::bfl
                       [&](const gemv_part<Eigen::bfloat16>& part, index_t, index_t j, index_t n) {
                         Tiles tiles;
                         alignas(64) float c[amx_gemv_slice][16];
-                        amx_slice_dots(tiles, part.w + j * K, n, K, operand.data(), &c[0][0]);
+                        amx_slice_dots(tiles, part.w + j * K, n, K, M, operand.data(), &c[0][0]);
                         float column[amx_gemv_slice];
                         for (index_t i = 0; i < M; ++i) {
                           for (index_t t = 0; t < n; ++t) column[t] = c[t][i];
