@@ -99,13 +99,14 @@ void amx_bf16_gemv(const policy::simd& p, index_t M, index_t K, const Eigen::bfl
   for_each_gemv_slice(p, 1, parts, amx_gemv_slice,
                       [&](const gemv_part<Eigen::bfloat16>& part, index_t, index_t j, index_t n) {
                         Tiles tiles;
-                        alignas(64) float c[amx_gemv_slice][16];
+                        alignas(64) float c[amx_gemv_slice][16] = {};
                         amx_slice_dots(tiles, part.w + j * K, n, K, M, operand.data(), &c[0][0]);
-                        float column[amx_gemv_slice];
-                        for (index_t i = 0; i < M; ++i) {
-                          for (index_t t = 0; t < n; ++t) column[t] = c[t][i];
-                          from_accum(column, n, part.y + i * part.rows + j);
-                        }
+                        // Rounded in one conversion, then y_i's n values are column i:
+                        // a conversion per row of x cost a slice as much as 2 KB of w.
+                        alignas(64) Eigen::bfloat16 rounded[amx_gemv_slice][16];
+                        from_accum(&c[0][0], n * 16, &rounded[0][0]);
+                        for (index_t i = 0; i < M; ++i)
+                          for (index_t t = 0; t < n; ++t) part.y[i * part.rows + j + t] = rounded[t][i];
                       });
 }
 
