@@ -333,11 +333,16 @@ TEST_CASE("simd: streaming loops ask for their lines whole groups ahead") {
       CHECK(d.far < far_least + d.near);
     }
   }
-  // AMX's slices: a line of each of 16 rows in turn, the distances along each row in whole lines.
-  const simd_detail::stream_distance per_row = simd_detail::stream_ahead(16 * 64).per_row(16);
-  CHECK(per_row.near * 16 == simd_detail::stream_ahead(16 * 64).near);
-  CHECK(per_row.near % 64 == 0);
-  CHECK(per_row.far % 64 == 0);
+  // AMX's slices (gemv_amx_bf16.hpp) read a line of each of their rows in
+  // turn: a distance in that order lands on the same row, whole lines on,
+  // within the slice or in the slices after it in memory.
+  constexpr index_t rows = 16, K = 1024, runs = K / 32, run_bytes = rows * 64, row = K * 2;
+  CHECK(simd_detail::amx_slice_bytes_ahead(3, 0, rows, K) == 0);
+  CHECK(simd_detail::amx_slice_bytes_ahead(3, 8 * run_bytes, rows, K) == 8 * 64);       // run 11, this slice
+  CHECK(simd_detail::amx_slice_bytes_ahead(30, 8 * run_bytes, rows, K) == rows * row - 24 * 64);  // run 6, next slice
+  CHECK(simd_detail::amx_slice_bytes_ahead(0, 2 * runs * run_bytes, rows, K) == 2 * rows * row);  // run 0, two on
+  const index_t short_rows = 5;  // a slice cut short: its own rows make a run
+  CHECK(simd_detail::amx_slice_bytes_ahead(31, 2 * short_rows * 64, short_rows, K) == short_rows * row - 30 * 64);
 }
 
 TEST_CASE("simd: several products' slices in one run, each computed once whatever the threads") {

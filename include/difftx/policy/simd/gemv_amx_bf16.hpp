@@ -54,14 +54,22 @@ inline std::vector<pair_word> amx_gemv_operand(const Eigen::bfloat16* x, index_t
   return blocks;
 }
 
+// A slice of `rows` rows of depth K is read a column of 64 bytes of every
+// row at a time, so its lines are asked for in that order
+// (stream_prefetch.hpp): `bytes` of that order past run r is column (r + d)
+// mod K/32 of the slice (r + d) div K/32 ahead, d = bytes / (rows·64), in
+// the slices that follow in memory (which this thread takes next). The
+// distance from a line of run r to that row's line there, in bytes; 0 for
+// none. Distances along each row alone ran out at the row's end, so every
+// slice began with its lines not yet asked for.
+constexpr index_t amx_slice_bytes_ahead(index_t run, index_t bytes, index_t rows, index_t K) noexcept {
+  if (bytes == 0) return 0;
+  const index_t runs = K / 32, to = run + bytes / (rows * 64);
+  return (to / runs * rows * K + (to % runs - run) * 32) * index_t{sizeof(Eigen::bfloat16)};
+}
+
 // c[t][i] (16 floats a row) = w's row t · x's row i for the slice's rows t <
 // rows ≤ 16 of depth K (row t at w + t·K) and x's rows i < M (the operand).
-// The slice is read a column of 64 bytes of every row at a time, so its lines
-// are asked for in that order (stream_prefetch.hpp): a distance of d runs
-// from run r is column (r + d) mod K/32 of the slice (r + d) div K/32 ahead,
-// the slices that follow this one in memory, which this thread takes next.
-// Distances along each row alone ran out at the row's end, so every slice
-// began with its lines not yet asked for.
 template <class Tiles>
 void amx_slice_dots(Tiles& tiles, const Eigen::bfloat16* w, index_t rows, index_t K, index_t M,
                     const pair_word* operand, float* c) {
@@ -71,15 +79,11 @@ void amx_slice_dots(Tiles& tiles, const Eigen::bfloat16* w, index_t rows, index_
   config.shape(2, 16, 4 * M);    // B: 16 pairs of depth by M rows of x
   tiles.configure(config);
   const index_t runs = K / 32, row_bytes = K * index_t{sizeof(Eigen::bfloat16)};
-  const stream_distance ahead = stream_ahead(rows * 64);  // in bytes of the slice's runs, rows·64 a run
-  auto bytes_ahead = [&](index_t run, index_t bytes) {       // from a line of run `run` to its row's line that far on
-    if (bytes == 0) return index_t{0};
-    const index_t to = run + bytes / (rows * 64);
-    return (to / runs * rows * K + (to % runs - run) * 32) * index_t{sizeof(Eigen::bfloat16)};
-  };
+  const stream_distance ahead = stream_ahead(rows * 64);  // rows·64 bytes a run
   tiles.template zero<0>();
   for (index_t run = 0; run < runs; ++run) {
-    const stream_distance offsets{bytes_ahead(run, ahead.near), bytes_ahead(run, ahead.far)};
+    const stream_distance offsets{amx_slice_bytes_ahead(run, ahead.near, rows, K),
+                                  amx_slice_bytes_ahead(run, ahead.far, rows, K)};
     for (index_t t = 0; t < rows; ++t) prefetch_ahead(w + t * K + run * 32, offsets);
     tiles.template load<1>(w + run * 32, row_bytes);
     tiles.template load<2>(operand + run * 16 * M, 4 * M);

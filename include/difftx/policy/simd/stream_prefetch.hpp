@@ -34,8 +34,6 @@ namespace difftx::simd_detail {
 inline constexpr index_t least_stream_ahead = 8192;
 struct stream_distance {
   index_t near = least_stream_ahead, far = 0;
-  // The distances along each of `rows` rows read side by side, a line of each in turn.
-  constexpr stream_distance per_row(index_t rows) const noexcept { return {near / rows, far / rows}; }
 };
 
 // The far distance's least bytes on this CPU: 64 KiB on Intel's, where it
