@@ -7,8 +7,8 @@
 // region as a step's are (1 GB: more than a server's last-level cache, 320 MB
 // on an Emerald Rapids socket, so that the products read from memory as a
 // step's do), against simd_detail::read_through over the same bytes on the
-// same threads just before. Weights: float32 (two rows at a
-// time), bfloat16 on vdpbf16ps (where the CPU has AVX512_BF16) and converted
+// same threads just before, rows read in the order policy::stream_order
+// picks on this CPU. Weights: float32, bfloat16 on vdpbf16ps (where the CPU has AVX512_BF16) and converted
 // to float in registers (--bf16-product converting), int8 rows (vpdpbusd or
 // the CPU's int8 kernel; x quantized per call, as decoding does), and
 // bfloat16 for 8 rows of x on AMX tiles (8 prompts decoded together;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -130,6 +131,47 @@ TEST_CASE("simd: float and double linear, decoding's streamed rows among them") 
     check_reduced_linear<float>(M, N, K);
     check_reduced_linear<double>(M, N, K);
   }
+}
+
+// Decoding's products read w's rows one at a time or side by side
+// (policy::stream_order, chosen by the CPU): each row's sum is added in the
+// same order either way, so both orders give the same bits: float and double
+// (two rows side by side), bfloat16 on vdpbf16ps where the CPU has it (two)
+// and int8 weights (four). Shapes: 1 and 4 rows of x, rows in whole and
+// ragged groups (a last row alone), depths with and without a ragged end.
+template <class Weights, class T>
+void check_stream_orders(const Weights& w, index_t N, index_t K, policy::simd p) {
+  p.threads = 2;
+  p.matmuls = policy::simd::matmul_library::difftx;
+  for (const index_t M : {1, 4}) {
+    const auto x = test_support::random_tensor<T, 2>({M, K}, 11);
+    Tensor<T, 2> one({M, N}), side({M, N});
+    p.streaming = policy::stream_order::one_row_at_a_time;
+    linear_forward(p, x.const_view(), w, one.view());
+    p.streaming = policy::stream_order::rows_side_by_side;
+    linear_forward(p, x.const_view(), w, side.view());
+    INFO(scalar_traits<T>::name << " M=" << M << " N=" << N << " K=" << K);
+    CHECK(std::memcmp(one.data(), side.data(), sizeof(T) * static_cast<std::size_t>(one.size())) == 0);
+    CHECK(std::any_of(one.data(), one.data() + one.size(), [](T v) { return double(v) != 0; }));
+  }
+}
+
+TEST_CASE("simd: decoding's products give the same bits reading w's rows one at a time or side by side") {
+  for (auto [N, K] : {std::array<index_t, 2>{37, 77}, {130, 1030}, {7, 2048}}) {
+    check_stream_orders<cview<float, 2>, float>(test_support::random_tensor<float, 2>({N, K}, 5).const_view(), N, K, {});
+    check_stream_orders<cview<double, 2>, double>(test_support::random_tensor<double, 2>({N, K}, 5).const_view(), N, K,
+                                                  {});
+    const auto wb = test_support::random_tensor<Eigen::bfloat16, 2>({N, K}, 5);
+    check_stream_orders<cview<Eigen::bfloat16, 2>, Eigen::bfloat16>(
+        wb.const_view(), N, K, {.bf16_products = policy::bf16_product::dot_instructions});
+    const auto wf = test_support::random_tensor<float, 2>({N, K}, 6);
+    int8_rows<float> w8(N, K);
+    for (index_t r = 0; r < N; ++r) w8.set_row(r, wf.data() + r * K);
+    check_stream_orders<int8_rows<float>, float>(w8, N, K, {});
+  }
+  if (policy::simd{.bf16_products = policy::bf16_product::dot_instructions}.bf16_decoding_product_used() !=
+      policy::bf16_product::dot_instructions)
+    MESSAGE("this CPU has no AVX512_BF16: bfloat16 compared its converting product, which reads one row at a time");
 }
 
 // Each library forced: oneDNN's matmul (where built; float16 where the CPU has
@@ -483,7 +525,7 @@ struct modelled_bf16_pairs {
   }
   static constexpr index_t dot_rows = 5;  // a slice that divides none of the chunks below
   static void row_dots(const Eigen::bfloat16* x, const Eigen::bfloat16* first, index_t stride, index_t rows, index_t k,
-                       float* out) noexcept {
+                       bool /*side_by_side: the model's rows are independent*/, float* out) noexcept {
     for (index_t t = 0; t < rows; ++t) {
       float sum = 0;
       for (index_t c = 0; c < k; c += 2) {

@@ -114,10 +114,11 @@ void bf16_pair_gemm(const policy::simd& p, index_t M, index_t N, index_t K, cons
 template <class Kernel>
 void bf16_pair_gemv(const policy::simd& p, index_t M, index_t K, const Eigen::bfloat16* x,
                     std::span<const gemv_part<Eigen::bfloat16>> parts) {
+  const bool side_by_side = p.streaming_used() == policy::stream_order::rows_side_by_side;
   for_each_gemv_slice(p, M, parts, Kernel::dot_rows,
                       [&](const gemv_part<Eigen::bfloat16>& part, index_t i, index_t j, index_t n) {
                         float out[Kernel::dot_rows];  // the slice's sums, converted into y on the thread that made them
-                        Kernel::row_dots(x + i * K, part.w + j * K, K, n, K, out);
+                        Kernel::row_dots(x + i * K, part.w + j * K, K, n, K, side_by_side, out);
                         from_accum(out, n, part.y + i * part.rows + j);
                       });
 }
@@ -148,16 +149,19 @@ struct avx512_bf16_pairs_of {
   }
 
   // out[t] = Σ_c x[c] · R(t, c) for rows ≤ dot_rows rows of depth k (row t at
-  // first + t·stride), two rows at a time (pair_row_dots). Rows stored one
-  // after the other stay one sequential stream, read two rows' halves apart.
+  // first + t·stride), two rows at a time (pair_row_dots) if side_by_side,
+  // else one at a time. Rows stored one after the other stay one sequential
+  // stream, read two rows' halves apart or front to back.
   static constexpr index_t dot_rows = 16;
   [[gnu::target("avx512f,avx512bw,avx512bf16")]] static void row_dots(const Eigen::bfloat16* x,
                                                                       const Eigen::bfloat16* first, index_t stride,
-                                                                      index_t rows, index_t k, float* out) noexcept {
+                                                                      index_t rows, index_t k, bool side_by_side,
+                                                                      float* out) noexcept {
     __m512 acc[dot_rows];
     index_t t = 0;
-    for (; t + 2 <= rows; t += 2) pair_row_dots<2>(x, first + t * stride, stride, k, acc + t);
-    if (t < rows) pair_row_dots<1>(x, first + t * stride, stride, k, acc + t);
+    if (side_by_side)
+      for (; t + 2 <= rows; t += 2) pair_row_dots<2>(x, first + t * stride, stride, k, acc + t);
+    for (; t < rows; ++t) pair_row_dots<1>(x, first + t * stride, stride, k, acc + t);
     for (t = rows; t < dot_rows; ++t) acc[t] = _mm512_setzero_ps();
     _mm512_mask_storeu_ps(out, lanes(rows), lane_sums_avx512(acc));
   }
@@ -167,9 +171,9 @@ struct avx512_bf16_pairs_of {
   // every row, every line prefetched whole groups of R rows ahead
   // (stream_prefetch.hpp); the depth's end masked (a zero completes an odd
   // last pair). On an Intel Xeon two rows side by side streamed faster than
-  // one row alone; fewer partial sums a row, or more rows, were slower
-  // (docs/benchmarks.md, "Decoding a checkpoint", has the step's share of its
-  // read bound).
+  // one row alone, on Zen 4 one row alone (policy::stream_order); fewer
+  // partial sums a row, or more rows, were slower (docs/benchmarks.md,
+  // "Decoding a checkpoint", has the step's share of its read bound).
   template <int R>
   [[gnu::target("avx512f,avx512bw,avx512bf16")]] static void pair_row_dots(const Eigen::bfloat16* x,
                                                                            const Eigen::bfloat16* row, index_t stride,

@@ -220,16 +220,19 @@ void int8_gemv_with(const policy::simd& p, const std::int8_t* a_bytes, index_t M
   constexpr index_t slice = 64;
   std::vector<index_t> rows;
   for (const auto* b : parts) rows.push_back(b->rows);
+  const bool side_by_side = p.streaming_used() == policy::stream_order::rows_side_by_side;
   for_each_gemv_slice(p, 1, std::span<const index_t>(rows), slice, [&](std::size_t k, index_t, index_t j0, index_t n) {
     const int8_rows<A>& b = *parts[k];
     const index_t kp = b.padded;
     std::int32_t sums[gemv_max_rows * slice];
-    // b's slice streams from memory for a's first row; the others find it in cache.
+    // b's slice streams from memory for a's first row, four rows side by side
+    // or one at a time (p.streaming_used()); the others find it in cache.
     const auto row_dots = [&](auto streamed, index_t i, std::int32_t* row) {
       constexpr bool Streamed = decltype(streamed)::value;
       index_t j = 0;
-      for (; j + 4 <= n; j += 4)
-        Kernel::template dots<1, 4, Streamed>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
+      if (!Streamed || side_by_side)
+        for (; j + 4 <= n; j += 4)
+          Kernel::template dots<1, 4, Streamed>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
       for (; j < n; ++j) Kernel::template dots<1, 1, Streamed>(kp, a_bytes + i * kp, kp, b.row(j0 + j), kp, row + j, slice);
     };
     for (index_t i = 0; i < M; ++i) {

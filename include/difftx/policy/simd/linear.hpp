@@ -74,11 +74,10 @@ void parallel_blocks(index_t rows, index_t cols, int threads, Block&& block) {
 // out[r] = Σ_c x[c] · row[r·stride + c] for R rows, each read as one
 // sequential stream into partial sums, x's vector loaded once for all R,
 // every line prefetched whole groups of R rows ahead (stream_prefetch.hpp).
-// Decoding's float and double products read w this way, two rows at a time
-// (for_each_gemv_slice shares the rows out): on Intel's AVX-512 two rows side
-// by side read faster than one alone, as in the bfloat16 row_dots
-// (gemm_bf16_pairs.hpp), while Eigen's matrix-vector product, which reads
-// several rows side by side, streamed slower on Zen 4. Eight partial sums a
+// Decoding's float and double products read w this way (for_each_gemv_slice
+// shares the rows out), two rows at a time where that reads faster than one
+// alone (Intel's AVX-512, as in the bfloat16 row_dots), else one at a time
+// (policy::stream_order: Zen 4 streams one row at a time faster). Eight partial sums a
 // row, four where two rows' must share AVX2's sixteen registers with x.
 template <int R, class A>
 void streamed_dots(const A* x, const A* row, index_t stride, index_t k, A* out) noexcept {
@@ -176,15 +175,18 @@ void panel_gemv(const policy::simd& p, index_t M, const T* x, const decoding_pan
 }
 
 // Decoding's products of float or double x[M, K] (M ≤ gemv_max_rows) with
-// each part's w: its rows streamed two at a time (streamed_dots).
+// each part's w: its rows streamed two at a time or one at a time
+// (streamed_dots; p.streaming_used()).
 template <class T>
 void float_gemv(const policy::simd& p, index_t M, index_t K, const T* x, std::span<const gemv_part<T>> parts) {
+  const bool side_by_side = p.streaming_used() == policy::stream_order::rows_side_by_side;
   for_each_gemv_slice(p, M, parts, vec<T>::size, [&](const gemv_part<T>& part, index_t i, index_t j, index_t n) {
     const T* const w = part.w + j * K;
     T* const y = part.y + i * part.rows + j;
     index_t t = 0;
-    for (; t + 2 <= n; t += 2) streamed_dots<2>(x + i * K, w + t * K, K, K, y + t);
-    if (t < n) streamed_dots<1>(x + i * K, w + t * K, K, K, y + t);
+    if (side_by_side)
+      for (; t + 2 <= n; t += 2) streamed_dots<2>(x + i * K, w + t * K, K, K, y + t);
+    for (; t < n; ++t) streamed_dots<1>(x + i * K, w + t * K, K, K, y + t);
   });
 }
 

@@ -3,8 +3,9 @@
 // (attention_decode_kernels.hpp), and read_through, which measures the rate
 // they are held to (memory_read.hpp).
 //
-// Such a loop reads a group of rows side by side (two, or four, each a
-// sequential stream of 64-byte lines) and does arithmetic on every line. On an
+// Such a loop reads one row, or a group of rows side by side (two, or four,
+// each a sequential stream of 64-byte lines; policy::stream_order below), and
+// does arithmetic on every line. On an
 // Intel Xeon (Emerald Rapids, 2 cores of a shared host) the hardware
 // prefetchers alone held it to about three quarters of a plain read's rate,
 // whichever instruction did the arithmetic (vdpbf16ps, conversion and FMAs,
@@ -19,7 +20,35 @@
 
 #include "difftx/core/tensor.hpp"
 
+namespace difftx::policy {
+
+// policy::simd::streaming: how decoding's products read the rows of a weight
+// they stream from memory. automatic reads one row after the other on AMD's
+// CPUs and a few rows side by side (two of float or bfloat16, four of int8)
+// on others, as each was measured faster on its CPU (docs/design.md,
+// "Decoding's products"); the other two force an order for comparisons. Every
+// row's sum is computed in the same order either way: the results are the
+// same bits.
+enum class stream_order { automatic, one_row_at_a_time, rows_side_by_side };
+
+}  // namespace difftx::policy
+
 namespace difftx::simd_detail {
+
+// The order a setting reads rows in on this CPU: one_row_at_a_time or
+// rows_side_by_side. On an AMD EPYC (Zen 4) one row at a time streamed at
+// 0.9-1.0 of a plain read where two or four side by side held every product
+// to about 0.5-0.8 of it; on an Intel Xeon two side by side were the faster.
+inline policy::stream_order resolved_stream_order(policy::stream_order wanted) noexcept {
+  using order = policy::stream_order;
+  if (wanted != order::automatic) return wanted;
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
+  static const order measured = __builtin_cpu_is("amd") ? order::one_row_at_a_time : order::rows_side_by_side;
+  return measured;
+#else
+  return order::rows_side_by_side;
+#endif
+}
 
 // How far ahead a loop over groups of group_bytes (the bytes between a load
 // and the same column of the next group's rows) asks for its lines: `near`

@@ -14,6 +14,7 @@
 #include "difftx/ops/int8.hpp"
 #include "difftx/policy/simd/amx_tiles.hpp"
 #include "difftx/policy/simd/bf16_product.hpp"
+#include "difftx/policy/simd/stream_prefetch.hpp"
 
 namespace difftx::policy {
 
@@ -45,6 +46,13 @@ struct simd {
       return k * sizeof(T);
     return k * sizeof(accum_t<T>);
   }
+  // How decoding's products read a weight's rows from memory: one at a time
+  // or a few side by side (policy::stream_order), automatic by the CPU. The
+  // results are the same bits either way.
+  using stream_order = policy::stream_order;
+  stream_order streaming = stream_order::automatic;
+  // The order they read in under that setting on this CPU.
+  stream_order streaming_used() const noexcept { return simd_detail::resolved_stream_order(streaming); }
   // The vector instruction set the kernels were compiled for (xsimd's best
   // under the compiler's -m flags: "avx512bw", "fma3+avx2", "sse2", ...). It
   // is fixed at compile time: without -march=native (or the target
