@@ -65,14 +65,17 @@ struct stream_distance {
   index_t near = least_stream_ahead, far = 0;
 };
 
-// The far distance's least bytes on this CPU: 64 KiB on Intel's, where it
-// was measured. AMD's CPUs before Zen 4 fill L1 at every prefetch level (their
-// optimization guides), where lines asked for 32 KiB ahead were measured to
-// leave before their use; Zen 4's prefetcht1 fills L2 but is not measured
-// here. So on AMD's, and on other CPUs, 0 until measured.
+// The far distance's least bytes on this CPU: 64 KiB on Intel's and on AMD's
+// from Zen 4 on (the first with AVX-512), where it was measured: on a Zen 4
+// the far requests made a bfloat16 decode step of a 375M checkpoint about an
+// eighth faster and a float32 one about 5% (docs/design.md, "float16 and
+// bfloat16 products"). AMD's CPUs before Zen 4 fill L1 at every prefetch level
+// (their optimization guides), where lines asked for 32 KiB ahead were
+// measured to leave before their use: 0 there, and on other CPUs until measured.
 inline index_t far_stream_least() noexcept {
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
-  static const index_t least = __builtin_cpu_is("intel") ? 65536 : 0;
+  static const index_t least =
+      __builtin_cpu_is("intel") || (__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f")) ? 65536 : 0;
   return least;
 #else
   return 0;
