@@ -77,8 +77,8 @@ void parallel_blocks(index_t rows, index_t cols, int threads, Block&& block) {
 // Decoding's float and double products read w this way (for_each_gemv_slice
 // shares the rows out), two rows at a time where that reads faster than one
 // alone (Intel's AVX-512, as in the bfloat16 row_dots), else one at a time
-// (policy::stream_order: Zen 4 streams one row at a time faster). Eight partial sums a
-// row, four where two rows' must share AVX2's sixteen registers with x.
+// (policy::stream_order: Zen 4 streams one row alone faster). Eight partial
+// sums a row, four where two rows' must share AVX2's sixteen registers with x.
 template <int R, class A>
 void streamed_dots(const A* x, const A* row, index_t stride, index_t k, A* out) noexcept {
   using V = vec<A>;
