@@ -8,8 +8,8 @@
 // on an Emerald Rapids socket, so that the products read from memory as a
 // step's do), against simd_detail::read_through over the same bytes on the
 // same threads just before, rows read in the order policy::stream_order
-// picks on this CPU. Weights: float32, bfloat16 on vdpbf16ps (where the CPU has AVX512_BF16) and converted
-// to float in registers (--bf16-product converting), int8 rows (vpdpbusd or
+// picks on this CPU. Weights: float32, bfloat16 on vdpbf16ps (where the CPU
+// has AVX512_BF16) and converted to float in registers (--bf16-product converting), int8 rows (vpdpbusd or
 // the CPU's int8 kernel; x quantized per call, as decoding does), and
 // bfloat16 for 8 rows of x on AMX tiles (8 prompts decoded together;
 // gemv_amx_bf16.hpp), where the CPU and OS grant them.

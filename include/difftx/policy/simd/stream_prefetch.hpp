@@ -26,14 +26,29 @@ namespace difftx::policy {
 // they stream from memory. automatic reads one row after the other on AMD's
 // CPUs and a few rows side by side (two of float or bfloat16, four of int8)
 // on others, as each was measured faster on its CPU (docs/design.md,
-// "float16 and bfloat16 products"); the other two force an order for comparisons. Every
-// row's sum is computed in the same order either way: the results are the
-// same bits.
+// "float16 and bfloat16 products"); the other two force an order for
+// comparisons. Every row's sum is computed in the same order either way: the
+// results are the same bits.
 enum class stream_order { automatic, one_row_at_a_time, rows_side_by_side };
 
 }  // namespace difftx::policy
 
 namespace difftx::simd_detail {
+
+// What the streaming loops' choices below were measured by, asked once: the
+// CPU's vendor, and whether it has AVX-512 (on AMD's: Zen 4 and later).
+struct streaming_cpu {
+  bool intel = false, amd = false, avx512 = false;
+};
+inline streaming_cpu this_streaming_cpu() noexcept {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
+  static const streaming_cpu cpu{__builtin_cpu_is("intel") != 0, __builtin_cpu_is("amd") != 0,
+                                 __builtin_cpu_supports("avx512f") != 0};
+  return cpu;
+#else
+  return {};
+#endif
+}
 
 // The order a setting reads rows in on this CPU: one_row_at_a_time or
 // rows_side_by_side. On an AMD EPYC (Zen 4) one row at a time read the
@@ -43,12 +58,7 @@ namespace difftx::simd_detail {
 inline policy::stream_order resolved_stream_order(policy::stream_order wanted) noexcept {
   using order = policy::stream_order;
   if (wanted != order::automatic) return wanted;
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
-  static const order measured = __builtin_cpu_is("amd") ? order::one_row_at_a_time : order::rows_side_by_side;
-  return measured;
-#else
-  return order::rows_side_by_side;
-#endif
+  return this_streaming_cpu().amd ? order::one_row_at_a_time : order::rows_side_by_side;
 }
 
 // How far ahead a loop over groups of group_bytes (the bytes between a load
@@ -74,13 +84,8 @@ struct stream_distance {
 // (their optimization guides), where lines asked for 32 KiB ahead were
 // measured to leave before their use: 0 there, and on other CPUs until measured.
 inline index_t far_stream_least() noexcept {
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
-  static const index_t least =
-      __builtin_cpu_is("intel") || (__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f")) ? 65536 : 0;
-  return least;
-#else
-  return 0;
-#endif
+  const streaming_cpu cpu = this_streaming_cpu();
+  return cpu.intel || (cpu.amd && cpu.avx512) ? 65536 : 0;
 }
 
 inline stream_distance stream_ahead(index_t group_bytes) noexcept {
